@@ -1,0 +1,118 @@
+"""Checkpoints of one job: periodic and on SIGTERM/SIGUSR1, resumed by rerunning the same job.
+
+A job is identified by the hash of its resolved config (plus world size), so rerunning the same
+command finds its folder, its last DeepSpeed checkpoint and the MLflow run it was writing to.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import shutil
+import signal
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+RUN_FILE = "run.json"
+
+
+def config_hash(cfg: DictConfig, exclude: tuple[str, ...] = ("checkpoint",)) -> str:
+    """A stable hash of the resolved config without the `exclude` top-level keys."""
+    tree = OmegaConf.to_container(cfg, resolve=True)
+    for key in exclude:
+        tree.pop(key, None)
+    return hashlib.sha256(json.dumps(tree, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+class Checkpointer:
+    """The checkpoint folder of one job: `run.json` (its MLflow run) and DeepSpeed tags."""
+
+    def __init__(self, root: str | Path, job_key: str, is_main: bool):
+        self.dir = Path(root) / job_key
+        self.is_main = is_main
+
+    def run_id(self) -> str | None:
+        """The MLflow run of an unfinished earlier attempt of this job, if any."""
+        path = self.dir / RUN_FILE
+        return json.loads(path.read_text())["run_id"] if path.exists() else None
+
+    def remember_run(self, run_id: str) -> None:
+        if self.is_main:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            tmp = self.dir / (RUN_FILE + ".tmp")
+            tmp.write_text(json.dumps({"run_id": run_id}))
+            tmp.replace(self.dir / RUN_FILE)
+
+    def save(self, engine, step: int) -> None:
+        """Save after `step` optimizer steps; older tags go once the new one is complete."""
+        tag = f"step{step:09d}"
+        engine.save_checkpoint(str(self.dir), tag=tag, client_state={"step": step, "rng": _rng()})
+        if self.is_main:
+            for old in self.dir.glob("step*"):
+                if old.name != tag:
+                    shutil.rmtree(old, ignore_errors=True)
+
+    def load(self, engine) -> int:
+        """Restore the latest checkpoint into `engine`; return the steps already done (0: none)."""
+        if not (self.dir / "latest").exists():
+            return 0
+        path, state = engine.load_checkpoint(str(self.dir))
+        if path is None:
+            return 0
+        _set_rng(state["rng"])
+        return int(state["step"])
+
+    def finish(self) -> None:
+        """The job completed: its checkpoints are no longer needed, and a rerun starts afresh."""
+        if self.is_main:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class StopSignals:
+    """Turns SIGTERM/SIGUSR1 (Slurm preemption, time limit, scancel) into a flag the loop polls,
+    so the job stops at a step boundary with a checkpoint instead of dying mid-step."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> StopSignals:
+        try:
+            for sig in self.SIGNALS:
+                self._previous[sig] = signal.signal(sig, self._handle)
+        except ValueError:  # not the main thread: whoever owns the thread handles signals
+            pass
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def _handle(self, signum: int, frame) -> None:
+        self.received = signum
+
+
+def _rng() -> dict[str, Any]:
+    state = {
+        "torch": torch.get_rng_state(),
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])

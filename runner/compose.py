@@ -1,0 +1,69 @@
+"""Compose the job config from overrides, turning Hydra's multi-line errors into one line."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from hydra import compose as hydra_compose
+from hydra import initialize_config_module
+from hydra.core.global_hydra import GlobalHydra
+from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from runner.errors import BadInput
+
+CONFIG_MODULE = "conf"
+CONFIG_NAME = "train"
+
+
+def compose(overrides: Sequence[str] = (), config_name: str = CONFIG_NAME) -> DictConfig:
+    """The resolved job config for `overrides`, or BadInput naming the bad override and the fix."""
+    overrides = list(overrides)
+    try:
+        if GlobalHydra.instance().is_initialized():  # inside a Hydra app: reuse its search path
+            cfg = hydra_compose(config_name, overrides=overrides)
+        else:
+            with initialize_config_module(config_module=CONFIG_MODULE, version_base="1.3"):
+                cfg = hydra_compose(config_name, overrides=overrides)
+        OmegaConf.resolve(cfg)
+        missing = sorted(OmegaConf.missing_keys(cfg))
+        if missing:
+            raise BadInput(f"{missing[0]} is required: add {missing[0]}=VALUE to the command")
+    except MissingConfigException as e:
+        raise BadInput(_missing_config(e)) from None
+    except OverrideParseException as e:
+        raise BadInput(f"cannot parse an override ({one_line(e)}): write key=value") from None
+    except ConfigCompositionException as e:
+        raise BadInput(_composition(e)) from None
+    except OmegaConfBaseException as e:
+        raise BadInput(_omegaconf(e)) from None
+    return cfg
+
+
+def one_line(error: BaseException) -> str:
+    return " ".join(str(error).split())
+
+
+def _missing_config(e: MissingConfigException) -> str:
+    options = ", ".join(e.options or [])
+    hint = f": choose one of {options}" if options else ""
+    return f"no config {e.missing_cfg_file!r}{hint}"
+
+
+def _composition(e: ConfigCompositionException) -> str:
+    text = str(e)
+    if text.startswith("Could not override '"):
+        key = text.split("'")[1]
+        return (
+            f"unknown config key {key!r}: check its spelling against "
+            f"`python -m runner.train --cfg job`, or add a new key with '+{key}=...'"
+        )
+    if text.startswith("Could not append to config"):
+        return f"{one_line(e)}: drop the '+' to override an existing key"
+    return one_line(e)
+
+
+def _omegaconf(e: OmegaConfBaseException) -> str:
+    key = getattr(e, "full_key", "") or ""
+    return f"{key + ': ' if key else ''}{one_line(e).split(' full_key:')[0]}"

@@ -1,0 +1,85 @@
+"""Process-group setup for 1 process, torchrun, the deepspeed launcher and srun; CPU or GPU.
+
+Everything distributed that the job needs goes through here, so the training loop reads as if it
+ran in one process.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+
+@dataclass(frozen=True)
+class Dist:
+    rank: int
+    world: int
+    local_rank: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def prepare_env() -> None:
+    """Set the variables DeepSpeed reads at import and init. Must run before `import deepspeed`."""
+    if not torch.cuda.is_available():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    # DeepSpeed compiles a communication extension on first use (~40 s on a CPU): keep it cached.
+    cache = Path.home() / ".cache" / "hyprun" / "torch_extensions"
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(cache))
+    if "RANK" not in os.environ and "SLURM_PROCID" in os.environ and "SLURM_NTASKS" in os.environ:
+        # srun starts one task per process: translate Slurm's names into torch's.
+        os.environ["RANK"] = os.environ["SLURM_PROCID"]
+        os.environ["WORLD_SIZE"] = os.environ["SLURM_NTASKS"]
+        os.environ["LOCAL_RANK"] = os.environ.get("SLURM_LOCALID", "0")
+    if "RANK" not in os.environ:
+        # A plain `python -m runner.train`: a world of one (else DeepSpeed looks for MPI).
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29500")
+
+
+def init() -> Dist:
+    """Initialise (once per process) the process group and return this process's place in it."""
+    prepare_env()
+    import deepspeed
+
+    cuda = torch.cuda.is_available()
+    if not torch.distributed.is_initialized():
+        deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo", verbose=False)
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    return Dist(
+        torch.distributed.get_rank(), torch.distributed.get_world_size(), local_rank, device
+    )
+
+
+def all_reduce_sum(values: torch.Tensor) -> torch.Tensor:
+    if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+        torch.distributed.all_reduce(values, op=torch.distributed.ReduceOp.SUM)
+    return values
+
+
+def any_rank(flag: bool, device: torch.device) -> bool:
+    """True on every rank when `flag` is true on any rank (a signal reached only some of them)."""
+    return bool(all_reduce_sum(torch.tensor([float(flag)], device=device)).item() > 0)
+
+
+def barrier() -> None:
+    if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+        torch.distributed.barrier()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

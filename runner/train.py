@@ -1,0 +1,302 @@
+"""The controlled training job: `python -m runner.train [overrides]`, a Hydra app.
+
+Build model, data, optimizer and schedule by instantiation, wrap them in a DeepSpeed engine, train
+to a token budget, evaluate on a fixed held-out set at fixed token marks, and record everything in
+one MLflow run (resumed, not duplicated, when the job is rerun after an interruption).
+
+Exit codes: 0 the job ran to its end (completed, or diverged: a recorded result), 2 bad input
+(nothing started), 75 interrupted by SIGTERM/SIGUSR1 after a checkpoint (rerun to resume).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from dataclasses import dataclass
+
+import hydra
+import torch
+from hydra.core.hydra_config import HydraConfig
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+from rich.console import Console
+
+from runner import dist as distributed
+from runner import provenance
+from runner.checkpoint import Checkpointer, StopSignals, config_hash
+from runner.compose import compose, one_line
+from runner.data.loader import build_loader, heldout_batches
+from runner.engine import build_engine
+from runner.errors import BadInput
+from runner.optim import build_optimizer
+from runner.tracking import Tracker, flatten
+from runner.validate import validate
+
+EXIT_INTERRUPTED = 75
+console = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The token budget turned into steps for this batch geometry."""
+
+    tokens_per_step: int
+    total_steps: int
+    eval_every_steps: int
+    ckpt_every_steps: int  # 0: only on a stop signal
+
+    @classmethod
+    def of(cls, cfg: DictConfig, world: int) -> Plan:
+        tokens_per_step = cfg.ds.micro_batch * cfg.ds.grad_accum * world * cfg.model.seq_len
+        if cfg.budget.tokens < tokens_per_step:
+            raise BadInput(
+                f"budget.tokens={cfg.budget.tokens} is less than one optimizer step "
+                f"({tokens_per_step} tokens): raise the budget or shrink ds.micro_batch"
+            )
+
+        def steps(tokens: float) -> int:
+            return max(1, round(tokens / tokens_per_step)) if tokens > 0 else 0
+
+        return cls(
+            tokens_per_step=tokens_per_step,
+            total_steps=math.ceil(cfg.budget.tokens / tokens_per_step),
+            eval_every_steps=steps(cfg.budget.eval_every_tokens),
+            ckpt_every_steps=steps(cfg.checkpoint.every_tokens),
+        )
+
+
+@dataclass(frozen=True)
+class JobResult:
+    run_id: str
+    status: str  # completed | diverged | interrupted
+    steps: int
+    tokens: int
+    train_loss: float | None
+    eval_loss: float | None
+
+
+def run(cfg: DictConfig) -> JobResult:
+    """Run one job to its end or to a stop signal; BadInput before training on bad input."""
+    validate(cfg)
+    source = _build("data.source", cfg.data.source)  # a missing file fails before DeepSpeed loads
+    dist = distributed.init()
+    plan = Plan.of(cfg, dist.world)
+    torch.manual_seed(cfg.budget.seed)
+    model = _build("model", cfg.model)
+    optimizer = build_optimizer(model, cfg.optim)
+    schedule = _build("sched", cfg.sched)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: schedule(step, plan.total_steps)
+    )
+    engine = build_engine(model, optimizer, scheduler, cfg.ds)
+
+    ckpt = Checkpointer(cfg.checkpoint.dir, config_hash(cfg) + f"-w{dist.world}", dist.is_main)
+    previous_run = ckpt.run_id() if cfg.checkpoint.resume == "auto" else None
+    start_step = ckpt.load(engine) if previous_run else 0
+    tracker = _open_tracker(cfg, dist, previous_run) if dist.is_main else None
+    if tracker is not None:
+        ckpt.remember_run(tracker.run_id)
+    run_id = tracker.run_id if tracker else ""
+    if start_step and dist.is_main:
+        console.print(f"resuming run {run_id} at step {start_step}/{plan.total_steps}")
+
+    loader = build_loader(
+        source,
+        seed=cfg.budget.data_seed,
+        micro_batch=cfg.ds.micro_batch,
+        grad_accum=cfg.ds.grad_accum,
+        rank=dist.rank,
+        world=dist.world,
+        start_step=start_step,
+        total_steps=plan.total_steps,
+        **OmegaConf.to_container(cfg.data.loader, resolve=True),
+    )
+    heldout = heldout_batches(
+        source, cfg.budget.eval_sequences, cfg.ds.micro_batch, dist.rank, dist.world
+    )
+    loop = TrainLoop(engine, plan, dist, tracker, heldout, cfg.tracking.log_every_steps)
+    with StopSignals() as signals:
+        status, step, train_loss = loop.train(iter(loader), start_step, ckpt, signals)
+    eval_loss = loop.evaluate(step) if status == "completed" else None
+
+    if status == "interrupted":
+        ckpt.save(engine, step)
+    if tracker is not None:
+        tracker.set_tags({"hyprun.outcome": status, "hyprun.tokens": step * plan.tokens_per_step})
+        tracker.finish({"completed": "FINISHED", "diverged": "FAILED"}.get(status, "KILLED"))
+    if status != "interrupted":
+        distributed.barrier()
+        ckpt.finish()
+    result = JobResult(run_id, status, step, step * plan.tokens_per_step, train_loss, eval_loss)
+    if dist.is_main:
+        console.print(_summary(result))
+    return result
+
+
+class TrainLoop:
+    """The hot loop. Metrics leave it as detached tensors; `.item()` runs only at log steps."""
+
+    def __init__(self, engine, plan: Plan, dist, tracker: Tracker | None, heldout, log_every: int):
+        self.engine, self.plan, self.dist, self.tracker = engine, plan, dist, tracker
+        self.heldout, self.log_every = heldout, log_every
+        self.accum = engine.gradient_accumulation_steps()
+
+    def train(self, batches, start_step: int, ckpt: Checkpointer, signals: StopSignals):
+        """Steps from `start_step` to the budget; returns (status, steps done, last train loss)."""
+        plan, engine, device = self.plan, self.engine, self.dist.device
+        engine.train()
+        loss_sum = torch.zeros((), device=device)
+        data_wait, window_start, window_steps, last_loss = 0.0, time.perf_counter(), 0, None
+        for step in range(start_step, plan.total_steps):
+            for _ in range(self.accum):
+                fetch = time.perf_counter()
+                x, y = next(batches)
+                data_wait += time.perf_counter() - fetch
+                loss = engine(x.to(device, non_blocking=True), y.to(device, non_blocking=True))
+                engine.backward(loss)
+                engine.step()
+                loss_sum += loss.detach().float()
+            done, window_steps = step + 1, window_steps + 1
+            if done % self.log_every == 0 or done == plan.total_steps:
+                last_loss = self._mean_over_ranks(loss_sum) / self.accum
+                elapsed = time.perf_counter() - window_start
+                self._log(
+                    done,
+                    {
+                        "train/loss": last_loss,
+                        "train/lr": engine.get_lr()[0],
+                        "perf/step_time_s": elapsed / window_steps,
+                        "perf/tokens_per_s": plan.tokens_per_step * window_steps / elapsed,
+                        "perf/data_wait_frac": data_wait / elapsed,
+                    },
+                )
+                if not math.isfinite(last_loss):
+                    return "diverged", done, last_loss
+                loss_sum.zero_()
+                data_wait, window_start, window_steps = 0.0, time.perf_counter(), 0
+            pause = time.perf_counter()  # eval and checkpoints are not training time
+            if (
+                plan.eval_every_steps
+                and done % plan.eval_every_steps == 0
+                and done < plan.total_steps
+            ):
+                self.evaluate(done)
+            stop = signals.received is not None
+            if self.dist.world > 1:
+                stop = distributed.any_rank(stop, device)
+            if stop:
+                return "interrupted", done, last_loss
+            if plan.ckpt_every_steps and done % plan.ckpt_every_steps == 0:
+                ckpt.save(engine, done)
+            window_start += time.perf_counter() - pause
+        return "completed", plan.total_steps, last_loss
+
+    @torch.no_grad()
+    def evaluate(self, step: int) -> float:
+        """Token-weighted mean loss on the fixed held-out set, summed across ranks."""
+        self.engine.eval()
+        totals = torch.zeros(2, device=self.dist.device, dtype=torch.float64)
+        for x, y in self.heldout:
+            count = (y != -100).sum()
+            loss = self.engine(x.to(self.dist.device), y.to(self.dist.device))
+            totals += torch.stack([loss.double() * count, count.double()])
+        self.engine.train()
+        loss_sum, count = distributed.all_reduce_sum(totals).tolist()
+        eval_loss = loss_sum / max(count, 1.0)
+        self._log(step, {"eval/loss": eval_loss})
+        if self.tracker is not None:
+            tokens, total = step * self.plan.tokens_per_step, self.plan.total_steps
+            console.print(f"step {step}/{total}  tokens {tokens}  eval loss {eval_loss:.4f}")
+        return eval_loss
+
+    def _mean_over_ranks(self, value: torch.Tensor) -> float:
+        return distributed.all_reduce_sum(value.clone()).item() / self.dist.world
+
+    def _log(self, step: int, metrics: dict[str, float]) -> None:
+        if self.tracker is not None:
+            self.tracker.log_metrics(metrics, step=step * self.plan.tokens_per_step)
+
+
+def _build(name: str, node: DictConfig):
+    """Instantiate a `_target_` config; a constructor's ValueError is the user's bad input."""
+    try:
+        return instantiate(node, _convert_="all")
+    except Exception as error:
+        cause = error.__cause__ if isinstance(error.__cause__, ValueError) else error
+        if isinstance(cause, ValueError | FileNotFoundError):
+            raise BadInput(f"{name}: {one_line(cause)}") from None
+        raise
+
+
+def _open_tracker(cfg: DictConfig, dist, previous_run: str | None) -> Tracker:
+    t = cfg.tracking
+    tracker = Tracker.open(
+        t.uri,
+        t.experiment,
+        run_id=previous_run,
+        run_name=t.run_name or _default_run_name(),
+        parent_run_id=t.parent_run_id,
+        tags={k: str(v) for k, v in (t.tags or {}).items()},
+        flush_every_s=t.flush_every_s,
+    )
+    if not tracker.resumed:
+        tracker.log_params(flatten(OmegaConf.to_container(cfg, resolve=True)))
+        tracker.log_text(OmegaConf.to_yaml(cfg, resolve=True), "config.yaml")
+        tracker.set_tags(
+            {
+                **provenance.tags(dist.world, dist.device),
+                "hyprun.config_hash": config_hash(cfg, exclude=("checkpoint", "tracking")),
+                "hyprun.outcome": "running",
+            }
+        )
+    return tracker
+
+
+def _default_run_name() -> str:
+    """The job's overrides, e.g. `optim.lr=3e-3 sched=cosine`, or `job` without any."""
+    if HydraConfig.initialized():
+        overrides = [o for o in HydraConfig.get().overrides.task if not o.startswith("hydra")]
+        return " ".join(overrides) or "job"
+    return "job"
+
+
+def _summary(r: JobResult) -> str:
+    def fmt(x: float | None) -> str:
+        return "n/a" if x is None else f"{x:.4f}"
+
+    return (
+        f"run {r.run_id}: {r.status} after {r.steps} steps ({r.tokens} tokens); "
+        f"train loss {fmt(r.train_loss)}, eval loss {fmt(r.eval_loss)}"
+    )
+
+
+@hydra.main(config_path="pkg://conf", config_name="train", version_base="1.3")
+def hydra_main(cfg: DictConfig) -> float | None:
+    try:
+        result = run(cfg)
+    except BadInput as error:
+        console.print(f"hyprun: {error}", markup=False)
+        sys.exit(BadInput.exit_code)
+    if result.status == "interrupted":
+        sys.exit(EXIT_INTERRUPTED)
+    return result.eval_loss  # what a Hydra sweeper minimises
+
+
+HYDRA_FLAGS = ("-m", "--multirun", "--cfg", "-c", "--help", "-h", "--hydra-help", "--info", "-i")
+
+
+def main() -> None:
+    """Check a single run's overrides first, so bad input is one line and exit code 2."""
+    args = sys.argv[1:]
+    if not any(a in HYDRA_FLAGS or a.startswith("--") for a in args):
+        try:
+            validate(compose(args))
+        except BadInput as error:
+            console.print(f"hyprun: {error}", markup=False)
+            sys.exit(BadInput.exit_code)
+    hydra_main()
+
+
+if __name__ == "__main__":
+    main()

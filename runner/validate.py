@@ -1,0 +1,58 @@
+"""Checks on a composed job config that must pass before anything is built or launched."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from omegaconf import DictConfig
+
+from runner.engine import PRECISIONS
+from runner.errors import BadInput
+
+
+def validate(cfg: DictConfig) -> None:
+    """Raise BadInput (one line: the problem and the fix) for a job that must not start."""
+    _positive_int(cfg, "budget.tokens", "the number of tokens to train on")
+    _positive_int(cfg, "budget.eval_every_tokens", "held-out evaluation interval in tokens")
+    _positive_int(cfg, "budget.eval_sequences", "the size of the held-out set")
+    _positive_int(cfg, "ds.micro_batch", "sequences per process per micro-step")
+    _positive_int(cfg, "ds.grad_accum", "micro-steps per optimizer step")
+    _positive_int(cfg, "tracking.log_every_steps", "the metric logging interval")
+    _number(cfg, "optim.lr", lower=0.0, lower_open=True)
+    _number(cfg, "ds.grad_clip", lower=0.0)
+    _number(cfg, "checkpoint.every_tokens", lower=0.0)
+    if cfg.ds.zero_stage not in (0, 1, 2, 3):
+        raise BadInput(f"ds.zero_stage={cfg.ds.zero_stage} is not a ZeRO stage: use 0, 1, 2 or 3")
+    if cfg.ds.precision not in PRECISIONS:
+        raise BadInput(
+            f"ds.precision={cfg.ds.precision} is unknown: use one of {', '.join(PRECISIONS)}"
+        )
+    if cfg.ds.precision == "fp16" and not torch.cuda.is_available():
+        raise BadInput(
+            "ds.precision=fp16 needs a GPU (no CUDA device here): use bf16 or fp32 on a CPU"
+        )
+    if cfg.checkpoint.resume not in ("auto", "never"):
+        raise BadInput(f"checkpoint.resume={cfg.checkpoint.resume} is unknown: use auto or never")
+
+
+def _positive_int(cfg: DictConfig, key: str, what: str) -> None:
+    value = _get(cfg, key)
+    ok = isinstance(value, int | float) and not isinstance(value, bool)
+    if not ok or not math.isfinite(value) or value != int(value) or value <= 0:
+        raise BadInput(f"{key}={value!r} must be a positive whole number ({what})")
+
+
+def _number(cfg: DictConfig, key: str, lower: float, lower_open: bool = False) -> None:
+    value = _get(cfg, key)
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or value < lower or (lower_open and value == lower):
+        bound = f"> {lower}" if lower_open else f">= {lower}"
+        raise BadInput(f"{key}={value!r} must be a finite number {bound}")
+
+
+def _get(cfg: DictConfig, key: str):
+    node = cfg
+    for part in key.split("."):
+        node = node[part]
+    return node

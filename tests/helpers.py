@@ -1,0 +1,47 @@
+"""Helpers for tests: short job configs, MLflow reads, subprocess environments."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+from mlflow.tracking import MlflowClient
+
+from runner.compose import compose
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def job_config(workdir: Path, *overrides: str, uri: str | None = None):
+    """A short tiny-GPT job writing to `uri` (default: a sqlite file in `workdir`)."""
+    uri = uri or f"sqlite:///{workdir}/mlflow.db"
+    return compose(
+        [
+            "budget.tokens=4096",
+            "budget.eval_every_tokens=2048",
+            "budget.eval_sequences=32",
+            f"tracking.uri={uri}",
+            f"checkpoint.dir={workdir}/ckpt",
+            *overrides,
+        ]
+    )
+
+
+def metric_history(uri: str, run_id: str, key: str) -> list[tuple[int, float]]:
+    history = MlflowClient(tracking_uri=uri).get_metric_history(run_id, key)
+    return sorted((m.step, m.value) for m in history)
+
+
+def python_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    env["PYTHONPATH"] = str(ROOT)
+    env.update(extra)
+    return env
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
