@@ -291,7 +291,9 @@ def main() -> None:
     args = sys.argv[1:]
     if not any(a in HYDRA_FLAGS or a.startswith("--") for a in args):
         try:
-            validate(compose(args))
+            cfg = compose(args)
+            validate(cfg)
+            _build("data.source", cfg.data.source)  # Hydra writes its run folder before run()
         except BadInput as error:
             console.print(f"hyprun: {error}", markup=False)
             sys.exit(BadInput.exit_code)
