@@ -288,6 +288,8 @@ HYDRA_FLAGS = ("-m", "--multirun", "--cfg", "-c", "--help", "-h", "--hydra-help"
 
 def main() -> None:
     """Check a single run's overrides first, so bad input is one line and exit code 2."""
+    # The deepspeed launcher appends --local_rank=N (also in LOCAL_RANK); Hydra would reject it.
+    sys.argv = [a for a in sys.argv if not a.startswith("--local_rank")]
     args = sys.argv[1:]
     if not any(a in HYDRA_FLAGS or a.startswith("--") for a in args):
         try:

@@ -1,4 +1,5 @@
-"""Two processes under torchrun (gloo on CPU) train ZeRO-2 like one process with the same batch."""
+"""Two processes (gloo on CPU) train ZeRO-2 exactly like one process with the same global batch,
+under both launchers users have: torchrun and the deepspeed launcher."""
 
 from __future__ import annotations
 
@@ -11,17 +12,23 @@ from mlflow.tracking import MlflowClient
 from runner.train import run
 from tests.helpers import free_port, job_config, metric_history, python_env
 
+BUDGET = ["budget.tokens=8192", "budget.eval_every_tokens=4096", "ds.zero_stage=2"]
+LAUNCHERS = {
+    "torchrun": ["-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port"],
+    "deepspeed": ["-m", "deepspeed.launcher.runner", "--num_gpus", "2", "--master_port"],
+}
 
-def test_zero2_two_processes_match_one(workdir):
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_zero2_two_processes_match_one(workdir, launcher):
     uri = f"sqlite:///{workdir}/mlflow.db"
-    common = ["budget.tokens=8192", "budget.eval_every_tokens=4096", "budget.eval_sequences=32",
-              f"tracking.uri={uri}", f"checkpoint.dir={workdir}/ckpt"]  # fmt: skip
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                "--master_port", str(free_port()), "-m", "runner.train"]  # fmt: skip
+    module = ["--module", "runner.train"] if launcher == "deepspeed" else ["-m", "runner.train"]
+    command = [sys.executable, *LAUNCHERS[launcher], str(free_port()), *module, *BUDGET,
+               "budget.eval_sequences=32", "ds.micro_batch=8", f"tracking.uri={uri}",
+               f"checkpoint.dir={workdir}/ckpt", "tracking.experiment=two"]  # fmt: skip
     done = subprocess.run(
-        [*torchrun, *common, "ds.zero_stage=2", "ds.micro_batch=8", "tracking.experiment=two"],
-        cwd=workdir, env=python_env(), capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        command, cwd=workdir, env=python_env(), capture_output=True, text=True, timeout=600
+    )
     assert done.returncode == 0, done.stdout + done.stderr
 
     client = MlflowClient(tracking_uri=uri)
@@ -29,8 +36,7 @@ def test_zero2_two_processes_match_one(workdir):
     assert two.data.tags["hyprun.world_size"] == "2"  # and only rank 0 created a run
 
     # One process with micro batch 16 sees exactly the rows both ranks saw together.
-    one = run(job_config(workdir, "budget.tokens=8192", "budget.eval_every_tokens=4096",
-                         "ds.zero_stage=2", "tracking.experiment=one"))  # fmt: skip
+    one = run(job_config(workdir, *BUDGET, "tracking.experiment=one"))
     loss_two = metric_history(uri, two.info.run_id, "train/loss")
     loss_one = metric_history(uri, one.run_id, "train/loss")
     assert [s for s, _ in loss_two] == [s for s, _ in loss_one]
