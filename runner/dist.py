@@ -39,9 +39,10 @@ def prepare_env() -> None:
         os.environ["WORLD_SIZE"] = os.environ["SLURM_NTASKS"]
         os.environ["LOCAL_RANK"] = os.environ.get("SLURM_LOCALID", "0")
     if "RANK" not in os.environ:
-        # A plain `python -m runner.train`: a world of one (else DeepSpeed looks for MPI).
-        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
-        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        # A plain `python -m runner.train`: a world of one (else DeepSpeed looks for MPI), on a
+        # port of its own (an inherited MASTER_PORT may belong to another job).
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1")
+        os.environ["MASTER_PORT"] = str(_free_port())
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29500")
 

@@ -1,13 +1,16 @@
 """The only module that writes to MLflow.
 
 Metrics are buffered and sent with `log_batch` (one call per flush, ~40x cheaper than a
-`log_metric` per value), never per value in the training loop. Every metric's MLflow step is the
-number of tokens seen, so the UI overlays runs with different batch sizes at matched tokens.
+`log_metric` per value) by a background thread, so the training loop only appends to a list.
+Every metric's MLflow step is the number of tokens seen, so the UI overlays runs with different
+batch sizes at matched tokens.
 """
 
 from __future__ import annotations
 
+import queue
 import re
+import threading
 import time
 from typing import Any
 
@@ -44,6 +47,10 @@ class Tracker:
         self.resumed = resumed
         self._buffer: list[Metric] = []
         self._last_flush = time.monotonic()
+        self._outbox: queue.Queue[list[Metric] | None] = queue.Queue()
+        self._error: BaseException | None = None
+        self._writer = threading.Thread(target=self._write, name="hyprun-mlflow", daemon=True)
+        self._writer.start()
         # A resumed run recomputes the steps after its last checkpoint with identical values;
         # those already delivered before the interruption are not sent twice.
         self._watermark = self._last_step("train/loss") if resumed else -1
@@ -87,19 +94,36 @@ class Tracker:
         if time.monotonic() - self._last_flush >= self.flush_every_s:
             self.flush()
 
-    def flush(self) -> None:
+    def flush(self, wait: bool = False) -> None:
+        """Hand the buffer to the writer thread; with `wait`, return once all of it is sent."""
         if self._buffer:
-            self._send(metrics=self._buffer)
+            self._outbox.put(self._buffer)
             self._buffer = []
         self._last_flush = time.monotonic()
+        if wait:
+            self._outbox.join()
+            if self._error is not None:
+                raise self._error
 
     def log_text(self, text: str, artifact_file: str) -> None:
         self.client.log_text(self.run_id, text, artifact_file)
 
     def finish(self, status: str) -> None:
         """Flush and close the run: FINISHED, FAILED (e.g. diverged) or KILLED (interrupted)."""
-        self.flush()
+        self.flush(wait=True)
+        self._outbox.put(None)
         self.client.set_terminated(self.run_id, status=status)
+
+    def _write(self) -> None:
+        while (batch := self._outbox.get()) is not None:
+            try:
+                if self._error is None:
+                    self._send(metrics=batch)
+            except BaseException as error:  # surfaced by the next flush(wait=True)
+                self._error = error
+            finally:
+                self._outbox.task_done()
+        self._outbox.task_done()
 
     def _send(self, metrics=(), params=(), tags=()) -> None:
         for kind, items in (("metrics", metrics), ("params", params), ("tags", tags)):

@@ -121,7 +121,7 @@ def run(cfg: DictConfig) -> JobResult:
     eval_loss = loop.evaluate(step) if status == "completed" else None
 
     if status == "interrupted":
-        ckpt.save(engine, step)
+        loop.checkpoint(ckpt, step)
     if tracker is not None:
         tracker.set_tags({"hyprun.outcome": status, "hyprun.tokens": step * plan.tokens_per_step})
         tracker.finish({"completed": "FINISHED", "diverged": "FAILED"}.get(status, "KILLED"))
@@ -159,8 +159,9 @@ class TrainLoop:
                 loss_sum += loss.detach().float()
             done, window_steps = step + 1, window_steps + 1
             if done % self.log_every == 0 or done == plan.total_steps:
-                last_loss = self._mean_over_ranks(loss_sum) / self.accum
-                elapsed = time.perf_counter() - window_start
+                last_loss = self._mean_over_ranks(loss_sum) / (self.accum * window_steps)
+                now = time.perf_counter()
+                elapsed = now - window_start
                 self._log(
                     done,
                     {
@@ -174,7 +175,7 @@ class TrainLoop:
                 if not math.isfinite(last_loss):
                     return "diverged", done, last_loss
                 loss_sum.zero_()
-                data_wait, window_start, window_steps = 0.0, time.perf_counter(), 0
+                data_wait, window_start, window_steps = 0.0, now, 0  # logging counts next time
             pause = time.perf_counter()  # eval and checkpoints are not training time
             if (
                 plan.eval_every_steps
@@ -188,9 +189,15 @@ class TrainLoop:
             if stop:
                 return "interrupted", done, last_loss
             if plan.ckpt_every_steps and done % plan.ckpt_every_steps == 0:
-                ckpt.save(engine, done)
+                self.checkpoint(ckpt, done)
             window_start += time.perf_counter() - pause
         return "completed", plan.total_steps, last_loss
+
+    def checkpoint(self, ckpt: Checkpointer, step: int) -> None:
+        """Metrics up to `step` are delivered before the checkpoint that lets a rerun skip them."""
+        if self.tracker is not None:
+            self.tracker.flush(wait=True)
+        ckpt.save(self.engine, step)
 
     @torch.no_grad()
     def evaluate(self, step: int) -> float:

@@ -34,7 +34,9 @@ def metric_history(uri: str, run_id: str, key: str) -> list[tuple[int, float]]:
 
 
 def python_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    # The test process's own process group (world of one) must not leak into its children.
+    dist_vars = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+    env = {k: v for k, v in os.environ.items() if k not in dist_vars}
     env.pop("MLFLOW_TRACKING_URI", None)
     env["PYTHONPATH"] = str(ROOT)
     env.update(extra)

@@ -98,3 +98,15 @@ def test_job_against_a_tracking_server(workdir, mlflow_server):
     assert data.info.status == "FINISHED"
     assert len(client.get_metric_history(result.run_id, "train/loss")) == 4
     assert "config.yaml" in [a.path for a in client.list_artifacts(result.run_id)]
+
+
+def test_sparser_logging_reports_the_window_mean(workdir):
+    """With log_every_steps=2 each train/loss point is the mean of the two steps it covers."""
+    uri = f"sqlite:///{workdir}/mlflow.db"
+    every = run(job_config(workdir, "tracking.experiment=every"))
+    sparse = run(job_config(workdir, "tracking.experiment=sparse", "tracking.log_every_steps=2"))
+    dense = [v for _, v in metric_history(uri, every.run_id, "train/loss")]
+    points = metric_history(uri, sparse.run_id, "train/loss")
+    assert [s for s, _ in points] == [2048, 4096]
+    expected = [(dense[0] + dense[1]) / 2, (dense[2] + dense[3]) / 2]
+    assert [v for _, v in points] == pytest.approx(expected, rel=1e-6)
