@@ -1,12 +1,13 @@
 """What hyprun's job costs on top of a bare DeepSpeed loop, measured side by side in one run.
 
-    python bench/overhead.py [--steps 200] [--rounds 3] [overrides ...]
+    python bench/overhead.py [--steps 200] [--rounds 3] [overrides ...]   # CPU, tiny GPT
     python bench/overhead.py --mfu            # on a GPU: gpt_1b, bf16 ZeRO-2, report MFU
 
 Both sides train the same model on the same data with the same DeepSpeed config. The bare loop
 reads a batch from the data source, then `engine(x, y); engine.backward(loss); engine.step()`;
-hyprun's side is `runner.train.run` with its metrics to MLflow, timed per step by the job itself
-(everything inside the loop but evaluation and checkpoints). Rounds alternate the two sides so
+hyprun's sides are `runner.train.run` with its metrics to MLflow and its L1 probes off, at the
+default interval and at every step, timed per step by the job itself (everything inside the
+loop but evaluation and checkpoints). Rounds alternate the two sides so
 that drifts of a shared machine hit both; medians resist the noise of a small shared CPU.
 """
 
@@ -78,27 +79,42 @@ def config(overrides: list[str], steps: int, folder: Path, round_: int):
     )
 
 
+SIDES = {  # name -> probes config of hyprun's job (None: the bare loop)
+    "bare": None,
+    "hyprun, probes off": "off",
+    "hyprun, probes default": "default",
+    "hyprun, probes every step": "every_step",
+}
+RATIOS = [  # (numerator, denominator, target)
+    ("hyprun, probes off", "bare", 1.03),
+    ("hyprun, probes default", "hyprun, probes off", 1.02),
+    ("hyprun, probes every step", "hyprun, probes off", 1.15),
+]
+
+
 def overhead(overrides: list[str], steps: int, rounds: int) -> None:
-    times: dict[str, list[float]] = {"bare": [], "hyprun": []}
+    times: dict[str, list[float]] = {name: [] for name in SIDES}
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         hyprun_job(config(overrides, 2, folder, -1))  # one-offs: DeepSpeed's build, MLflow's db
         for round_ in range(rounds):
-            cfg = config(overrides, steps, folder, round_)
-            times["bare"] += bare_loop(cfg)[5:]  # the first steps warm caches up
-            times["hyprun"] += hyprun_job(cfg)[5:]
+            for name, probes in SIDES.items():
+                side = overrides if probes is None else [*overrides, f"probes={probes}"]
+                cfg = config(side, steps, folder, round_)
+                fn = bare_loop if probes is None else hyprun_job
+                times[name] += fn(cfg)[5:]  # the first steps warm caches up
     cfg = compose(overrides)
     tokens_per_step = cfg.ds.micro_batch * cfg.ds.grad_accum * cfg.model.seq_len
     print(f"model {cfg.model.n_layer}L d{cfg.model.d_model}, {tokens_per_step} tokens/step, "
           f"{rounds} interleaved rounds of {steps} steps per side")  # fmt: skip
-    print("side     median step (ms)   mean step (ms)   tokens/s (median)")
+    print(f"{'side':28} median step (ms)   mean step (ms)   tokens/s (median)")
     for name, values in times.items():
         median, mean = statistics.median(values), statistics.fmean(values)
-        print(f"{name:8} {median * 1e3:16.2f} {mean * 1e3:16.2f} {tokens_per_step / median:19.0f}")
-    ratio = statistics.median(times["hyprun"]) / statistics.median(times["bare"])
-    mean_ratio = statistics.fmean(times["hyprun"]) / statistics.fmean(times["bare"])
-    print(f"step-time ratio hyprun/bare: {ratio:.3f} median, {mean_ratio:.3f} mean "
-          "(target <= 1.03)")  # fmt: skip
+        print(f"{name:28} {median * 1e3:16.2f} {mean * 1e3:16.2f} {tokens_per_step / median:19.0f}")
+    for top, bottom, target in RATIOS:
+        median = statistics.median(times[top]) / statistics.median(times[bottom])
+        mean = statistics.fmean(times[top]) / statistics.fmean(times[bottom])
+        print(f"{top} / {bottom}: {median:.3f} median, {mean:.3f} mean (target <= {target})")
 
 
 def mfu(steps: int) -> None:

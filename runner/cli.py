@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
 from rich.console import Console
@@ -39,15 +40,72 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_check(args: argparse.Namespace) -> int:
+    """L0 static checks of a config and a sample of its data, before anything runs."""
+    from omegaconf import OmegaConf
+
+    from diag.static import device_info
+    from runner.compose import compose
+    from runner.diagnose import render_checks, static_checks, this_device
+
+    config = OmegaConf.to_container(compose(args.overrides), resolve=True)
+    device = this_device(args.world)
+    if args.device:
+        device = device_info(args.device, args.world, args.link_gbps, args.memory_gb)
+    checks = static_checks(config, device)
+    if args.json:
+        print(json.dumps(checks, indent=2, default=str))
+    else:
+        render_checks(Console(highlight=False), checks)
+    return 0
+
+
+def cmd_diagnose(args: argparse.Namespace) -> int:
+    """Triage a recorded run: the core question, the obvious checks, ranked findings."""
+    from omegaconf import OmegaConf
+
+    from runner.compose import compose
+    from runner.diagnose import diagnose, render_checks, render_diagnosis
+
+    tracking = compose([]).tracking
+    uri = args.uri or OmegaConf.select(tracking, "uri")
+    run_id, document = diagnose(uri, args.run, args.experiment or tracking.experiment)
+    if args.json:
+        print(json.dumps(document, indent=2, default=str))
+    else:
+        out = Console(highlight=False)
+        render_checks(out, [c for c in document["static"] if c["status"] != "pass"])
+        render_diagnosis(out, document)
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="hyprun", description="Diagnose ML training problems by evidence, not guesswork."
     )
     sub = p.add_subparsers(dest="command", required=True)
-    for name, fn in (("train", cmd_train), ("demo", cmd_demo)):
-        cmd = sub.add_parser(name, help=fn.__doc__.splitlines()[0], description=fn.__doc__)
-        cmd.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. optim.lr=3e-4")
-        cmd.set_defaults(fn=fn)
+    commands = {}
+    for name, fn in (("train", cmd_train), ("demo", cmd_demo), ("check", cmd_check),
+                     ("diagnose", cmd_diagnose)):  # fmt: skip
+        commands[name] = sub.add_parser(
+            name, help=fn.__doc__.splitlines()[0], description=fn.__doc__
+        )
+        commands[name].set_defaults(fn=fn)
+    for name in ("train", "demo", "check"):
+        commands[name].add_argument(
+            "overrides", nargs="*", help="Hydra overrides, e.g. optim.lr=3e-4"
+        )
+    check = commands["check"]
+    check.add_argument("--device", help="target device name, e.g. A100-40GB (default: this one)")
+    check.add_argument("--memory-gb", type=float, help="target device memory in GB")
+    check.add_argument("--link-gbps", type=float, help="all-reduce link bandwidth in Gbit/s")
+    check.add_argument("--world", type=int, default=1, help="number of processes (GPUs)")
+    diagnose = commands["diagnose"]
+    diagnose.add_argument("--run", help="MLflow run id (default: the newest finished run)")
+    diagnose.add_argument("--experiment", help="MLflow experiment (default: the config's)")
+    diagnose.add_argument("--uri", help="MLflow tracking URI (default: the config's)")
+    for name in ("check", "diagnose"):
+        commands[name].add_argument("--json", action="store_true", help="machine-readable output")
     return p
 
 

@@ -148,3 +148,54 @@ def experiment_id(client: MlflowClient, name: str) -> str:
         if found is None:
             raise
         return found.experiment_id
+
+
+def read_run(
+    uri: str, run_id: str
+) -> tuple[dict[str, Any], dict[str, list[tuple[int, float]]], dict[str, str]]:
+    """(resolved config, metric histories by key, tags) of a recorded run."""
+    import yaml
+
+    client = MlflowClient(tracking_uri=uri)
+    run = client.get_run(run_id)
+    path = client.download_artifacts(run_id, "config.yaml", _scratch())
+    with open(path) as file:
+        config = yaml.safe_load(file)
+    series = {
+        key: sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
+        for key in run.data.metrics
+    }
+    return config, series, dict(run.data.tags)
+
+
+def latest_run(uri: str, experiment: str) -> str | None:
+    """The newest top-level run of `experiment` that has ended, or None."""
+    client = MlflowClient(tracking_uri=uri)
+    found = client.get_experiment_by_name(experiment)
+    if found is None:
+        return None
+    runs = client.search_runs(
+        [found.experiment_id],
+        filter_string="attributes.status != 'RUNNING'",
+        order_by=["attributes.start_time DESC"],
+        max_results=1,
+    )
+    return runs[0].info.run_id if runs else None
+
+
+def record_diagnosis(uri: str, run_id: str, document: dict[str, Any]) -> None:
+    """The diagnosis as a JSON artifact on the run, and its headline as tags to filter on."""
+    import json
+
+    client = MlflowClient(tracking_uri=uri)
+    client.log_text(run_id, json.dumps(document, indent=2, default=str), "diagnosis.json")
+    findings = document.get("findings", [])
+    tags = [RunTag("hyprun.question", str(document.get("question", ""))),
+            RunTag("hyprun.top_finding", findings[0]["id"] if findings else "none")]  # fmt: skip
+    client.log_batch(run_id, tags=tags)
+
+
+def _scratch() -> str:
+    import tempfile
+
+    return tempfile.mkdtemp(prefix="hyprun-")

@@ -29,6 +29,7 @@ from runner.compose import compose, one_line
 from runner.data.loader import build_loader, heldout_batches
 from runner.engine import build_engine
 from runner.errors import BadInput
+from runner.instrument import Instruments
 from runner.optim import build_optimizer
 from runner.tracking import Tracker, flatten
 from runner.validate import validate
@@ -66,6 +67,12 @@ class Plan:
         )
 
 
+    @staticmethod
+    def due(every: int, done: int) -> bool:
+        """Whether an `every`-steps event (0 = never) falls after step `done`."""
+        return bool(every) and done % every == 0
+
+
 @dataclass(frozen=True)
 class JobResult:
     run_id: str
@@ -90,6 +97,8 @@ def run(cfg: DictConfig) -> JobResult:
         optimizer, lambda step: schedule(step, plan.total_steps)
     )
     engine = build_engine(model, optimizer, scheduler, cfg.ds)
+    # Before any checkpoint loads: the initial parameters are the reference for drift.
+    instruments = Instruments(cfg.probes, engine, cfg.ds.precision, dist.world)
 
     ckpt = Checkpointer(cfg.checkpoint.dir, config_hash(cfg) + f"-w{dist.world}", dist.is_main)
     previous_run = ckpt.run_id() if cfg.checkpoint.resume == "auto" else None
@@ -115,7 +124,7 @@ def run(cfg: DictConfig) -> JobResult:
     heldout = heldout_batches(
         source, cfg.budget.eval_sequences, cfg.ds.micro_batch, dist.rank, dist.world
     )
-    loop = TrainLoop(engine, plan, dist, tracker, heldout, cfg.tracking.log_every_steps)
+    loop = TrainLoop(engine, plan, dist, tracker, heldout, instruments, cfg)
     with StopSignals() as signals:
         status, step, train_loss = loop.train(iter(loader), start_step, ckpt, signals)
     eval_loss = loop.evaluate(step) if status == "completed" else None
@@ -123,7 +132,10 @@ def run(cfg: DictConfig) -> JobResult:
     if status == "interrupted":
         loop.checkpoint(ckpt, step)
     if tracker is not None:
-        tracker.set_tags({"hyprun.outcome": status, "hyprun.tokens": step * plan.tokens_per_step})
+        tags = {"hyprun.outcome": status, "hyprun.tokens": step * plan.tokens_per_step}
+        if loop.nan_module:
+            tags["hyprun.nan_module"] = loop.nan_module
+        tracker.set_tags(tags)
         tracker.finish({"completed": "FINISHED", "diverged": "FAILED"}.get(status, "KILLED"))
     if status != "interrupted":
         distributed.barrier()
@@ -135,63 +147,81 @@ def run(cfg: DictConfig) -> JobResult:
 
 
 class TrainLoop:
-    """The hot loop. Metrics leave it as detached tensors; `.item()` runs only at log steps."""
+    """The hot loop. Metrics leave it as detached tensors; `.item()` runs only at log steps
+    (and per micro-step for the NaN check, which a probe config can turn off)."""
 
-    def __init__(self, engine, plan: Plan, dist, tracker: Tracker | None, heldout, log_every: int):
+    def __init__(self, engine, plan: Plan, dist, tracker: Tracker | None, heldout,
+                 instruments: Instruments, cfg: DictConfig):  # fmt: skip
         self.engine, self.plan, self.dist, self.tracker = engine, plan, dist, tracker
-        self.heldout, self.log_every = heldout, log_every
+        self.heldout, self.instruments = heldout, instruments
+        self.log_every = cfg.tracking.log_every_steps
+        self.nan_check = cfg.probes.nan_check
         self.accum = engine.gradient_accumulation_steps()
+        self.nan_module: str | None = None
 
     def train(self, batches, start_step: int, ckpt: Checkpointer, signals: StopSignals):
         """Steps from `start_step` to the budget; returns (status, steps done, last train loss)."""
-        plan, engine, device = self.plan, self.engine, self.dist.device
+        plan, engine, device, tools = self.plan, self.engine, self.dist.device, self.instruments
         engine.train()
         loss_sum = torch.zeros((), device=device)
         data_wait, window_start, window_steps, last_loss = 0.0, time.perf_counter(), 0, None
         for step in range(start_step, plan.total_steps):
-            for _ in range(self.accum):
+            probing, probed = tools.probing(step), {}
+            for micro in range(self.accum):
                 fetch = time.perf_counter()
                 x, y = next(batches)
                 data_wait += time.perf_counter() - fetch
-                loss = engine(x.to(device, non_blocking=True), y.to(device, non_blocking=True))
+                x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+                with tools.forward(probing and micro == 0) as seen:
+                    loss = engine(x, y)
+                probed.update(seen or {})  # filled when the probed forward ends
+                if self.nan_check and not self._finite(loss):
+                    self.nan_module = tools.locate_nan(x, y)
+                    self._log(step + 1, {"train/loss": float("nan")})
+                    return "diverged", step + 1, float("nan")
                 engine.backward(loss)
+                if probing and micro == self.accum - 1:
+                    probed.update(tools.gradients())  # reduced, not yet clipped
                 engine.step()
                 loss_sum += loss.detach().float()
             done, window_steps = step + 1, window_steps + 1
+            if probing:
+                self._log(done, {**probed, **tools.parameters()})
             if done % self.log_every == 0 or done == plan.total_steps:
                 last_loss = self._mean_over_ranks(loss_sum) / (self.accum * window_steps)
                 now = time.perf_counter()
                 elapsed = now - window_start
-                self._log(
-                    done,
-                    {
-                        "train/loss": last_loss,
-                        "train/lr": engine.get_lr()[0],
-                        "perf/step_time_s": elapsed / window_steps,
-                        "perf/tokens_per_s": plan.tokens_per_step * window_steps / elapsed,
-                        "perf/data_wait_frac": data_wait / elapsed,
-                    },
-                )
+                tokens_per_s = plan.tokens_per_step * window_steps / elapsed
+                self._log(done, {
+                    "train/loss": last_loss,
+                    "train/lr": engine.get_lr()[0],
+                    "perf/step_time_s": elapsed / window_steps,
+                    "perf/tokens_per_s": tokens_per_s,
+                    "perf/data_wait_frac": data_wait / elapsed,
+                    **tools.loss(last_loss),
+                    **tools.efficiency(tokens_per_s),
+                })  # fmt: skip
                 if not math.isfinite(last_loss):
                     return "diverged", done, last_loss
                 loss_sum.zero_()
                 data_wait, window_start, window_steps = 0.0, now, 0  # logging counts next time
             pause = time.perf_counter()  # eval and checkpoints are not training time
-            if (
-                plan.eval_every_steps
-                and done % plan.eval_every_steps == 0
-                and done < plan.total_steps
-            ):
+            if plan.due(plan.eval_every_steps, done) and done < plan.total_steps:
                 self.evaluate(done)
             stop = signals.received is not None
             if self.dist.world > 1:
                 stop = distributed.any_rank(stop, device)
             if stop:
                 return "interrupted", done, last_loss
-            if plan.ckpt_every_steps and done % plan.ckpt_every_steps == 0:
+            if plan.due(plan.ckpt_every_steps, done):
                 self.checkpoint(ckpt, done)
             window_start += time.perf_counter() - pause
         return "completed", plan.total_steps, last_loss
+
+    def _finite(self, loss: torch.Tensor) -> bool:
+        """Whether the loss is finite on every rank (all must stop together)."""
+        bad = float(not torch.isfinite(loss.detach()).all())
+        return distributed.all_reduce_sum(torch.tensor([bad], device=self.dist.device)).item() == 0
 
     def checkpoint(self, ckpt: Checkpointer, step: int) -> None:
         """Metrics up to `step` are delivered before the checkpoint that lets a rerun skip them."""

@@ -43,3 +43,7 @@ def test_zero2_two_processes_match_one(workdir, launcher):
     assert [v for _, v in loss_two] == pytest.approx([v for _, v in loss_one], rel=1e-4)
     eval_two = metric_history(uri, two.info.run_id, "eval/loss")[-1][1]
     assert eval_two == pytest.approx(one.eval_loss, rel=1e-4)
+    # The global gradient norm of the sharded pair equals the single process's (first step).
+    norm_two = metric_history(uri, two.info.run_id, "grad/norm")[0]
+    norm_one = metric_history(uri, one.run_id, "grad/norm")[0]
+    assert norm_two[0] == norm_one[0] and norm_two[1] == pytest.approx(norm_one[1], rel=1e-5)

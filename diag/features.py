@@ -1,0 +1,372 @@
+"""Named, measured scalars that the triage tables compare against thresholds.
+
+Each feature is one number (or a short string) with a human detail that carries the numbers
+behind it. A feature whose series was not logged is simply absent, and a rule that needs it does
+not fire: a missing probe is no evidence either way.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from diag import series as S
+from diag.evidence import DEVICE_TAG, NAN_MODULE_TAG, OUTCOME_TAG, Evidence, Points
+from diag.spikes import find_spikes
+
+
+@dataclass
+class Feature:
+    """One measured quantity of a run."""
+
+    value: float | str | None
+    """The number the rules compare (1/0 for yes/no features, a string for names, None when
+    the quantity is known to be absent, e.g. no NaN module)."""
+    detail: str
+    """One human line with the numbers behind the value."""
+    status: str | None = None
+    """For `static.<id>` features: the L0 check's pass | warn | fail | skip."""
+    threshold: Any = None
+    """For `static.<id>` features: the threshold the L0 check compared against."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-ready dict (None fields left out)."""
+        out: dict[str, Any] = {"value": self.value, "detail": self.detail}
+        if self.status is not None:
+            out["status"] = self.status
+        if self.threshold is not None:
+            out["threshold"] = self.threshold
+        return out
+
+
+Features = dict[str, Feature]
+
+
+def _g(x: float | None) -> str:
+    """Short number formatting for details."""
+    return "n/a" if x is None else f"{x:.3g}"
+
+
+def _finite(points: Points) -> Points:
+    return [(s, v) for s, v in points if math.isfinite(v)]
+
+
+def _loss(ev: Evidence, out: Features) -> None:
+    """Trend, oscillation, relative drop and spikes of the train loss."""
+    pts = ev.points("train/loss")
+    if not pts:
+        return
+    finite = _finite(pts)
+    tr = S.trend(finite)
+    if tr.kind != "insufficient":
+        line = tr.describe("train loss slope over the last 20% of tokens")
+        out["loss_trend"] = Feature(tr.kind, line)
+        out["loss_plateau"] = Feature(float(tr.kind == "plateau"), line)
+        out["loss_descending"] = Feature(float(tr.kind == "descending"), line)
+    long = S.trend(finite, tail_frac=0.5)
+    if long.kind != "insufficient":
+        # An LR schedule that anneals to 0 flattens the last 20% of any healthy run; "decreases
+        # then plateaus" is only evidence when the loss is flat over the last half of the run.
+        out["loss_plateau_long"] = Feature(
+            float(long.kind == "plateau"),
+            long.describe("train loss slope over the last 50% of tokens"),
+        )
+    osc = S.oscillation(finite)
+    if osc is not None:
+        out["loss_oscillation"] = Feature(
+            osc,
+            f"train loss local scatter {_g(S.local_noise(finite))} is {osc:.3g} of the curve's "
+            f"scale (range or level)",
+        )
+    start, end = S.first(finite), S.tail_median(finite, 0.1)
+    if start and end is not None and len(finite) >= 2:
+        out["loss_rel_drop"] = Feature(
+            1.0 - end / start,
+            f"train loss {start:.4g} at the start -> {end:.4g} at the end "
+            f"(dropped {1.0 - end / start:.1%})",
+        )
+        out["loss_last"] = Feature(end, f"train loss at the end (tail median): {end:.4g}")
+    if len(finite) >= 2:
+        idx = find_spikes([v for _, v in finite])
+        where = ", ".join(f"{finite[i][0]}" for i in idx[:5]) + (" ..." if len(idx) > 5 else "")
+        out["loss_spikes"] = Feature(
+            float(len(idx)),
+            f"{len(idx)} train loss spikes (> 6σ or > 10x the moving average of the last 128)"
+            + (f" at tokens {where}" if idx else ""),
+        )
+
+
+def _divergence(ev: Evidence, out: Features) -> None:
+    """Divergence from the outcome tag or a non-finite loss, and where NaN first appeared."""
+    counts = {
+        key: S.count_nonfinite(ev.points(key)) for key in ("train/loss", "eval/loss", "grad/norm")
+    }
+    flagged = sum(1 for _, v in ev.points("grad/nonfinite") if v > 0)
+    if flagged:
+        counts["grad/nonfinite"] = flagged
+    total = sum(counts.values())
+    outcome = ev.tags.get(OUTCOME_TAG)
+    if ev.points("train/loss") or outcome:
+        out["nonfinite_count"] = Feature(
+            float(total),
+            "non-finite values: "
+            + ", ".join(f"{k} {n}" for k, n in counts.items() if n or k == "train/loss"),
+        )
+        loss_bad = counts["train/loss"] + counts["eval/loss"]
+        diverged = outcome == "diverged" or loss_bad > 0
+        out["diverged"] = Feature(
+            float(diverged),
+            f"outcome tag {outcome or 'absent'}, {loss_bad} non-finite loss values",
+        )
+    module = ev.tags.get(NAN_MODULE_TAG) or None
+    out["nan_module"] = Feature(
+        module,
+        f"first non-finite module output: {module}" if module else "no non-finite module recorded",
+    )
+
+
+def _gradients(ev: Evidence, out: Features) -> None:
+    """Global gradient norm level, its worst excursion, spikes, and the spread across depth."""
+    pts = _finite(ev.points("grad/norm"))
+    if pts:
+        med = S.median(pts)
+        out["grad_norm_median"] = Feature(
+            med, f"global grad norm (before clipping) median {_g(med)} over {len(pts)} probes"
+        )
+        top = S.max_after(pts, 0.1)
+        if len(pts) >= 4 and med and top is not None:
+            out["grad_norm_max_over_median"] = Feature(
+                top / med,
+                f"grad norm max {_g(top)} (after the first 10% of tokens) is {top / med:.3g}x "
+                f"its median {_g(med)}",
+            )
+        idx = find_spikes([v for _, v in pts])
+        out["grad_spikes"] = Feature(
+            float(len(idx)),
+            f"{len(idx)} grad norm spikes (> 6σ or > 10x the moving average)"
+            + (f" at tokens {', '.join(str(pts[i][0]) for i in idx[:5])}" if idx else ""),
+        )
+    blocks = ev.per_block("grad/norm")
+    if len(blocks) >= 2:
+        by_step: dict[int, dict[str, float]] = {}
+        for module, bpts in blocks.items():
+            for step, v in _finite(bpts):
+                by_step.setdefault(step, {})[module] = v
+        ratios = [
+            min(vals.values()) / max(vals.values())
+            for vals in by_step.values()
+            if len(vals) == len(blocks) and max(vals.values()) > 0
+        ]
+        if ratios:
+            meds = {m: S.median(p) or 0.0 for m, p in blocks.items()}
+            weak = min(meds, key=lambda m: meds[m])
+            strong = max(meds, key=lambda m: meds[m])
+            ratio = float(np.median(ratios))
+            out["grad_layer_ratio"] = Feature(
+                ratio,
+                f"weakest/strongest block grad norm, median over {len(ratios)} probes: "
+                f"{ratio:.3g} (weakest {weak} median {_g(meds[weak])}, strongest {strong} "
+                f"median {_g(meds[strong])})",
+            )
+
+
+def _parameters(ev: Evidence, out: Features) -> None:
+    """Step size, drift from init, embedding growth."""
+    upd = _finite(ev.points("param/update_ratio"))
+    if upd:
+        med = S.median(upd)
+        out["update_ratio_median"] = Feature(
+            med, f"per-step update ratio ‖Δθ‖/‖θ‖ median {_g(med)} over {len(upd)} probes"
+        )
+    dist = _finite(ev.points("param/dist_from_init"))
+    if dist:
+        end = S.last(dist)
+        out["dist_from_init_last"] = Feature(
+            end, f"parameters moved ‖θ−θ0‖/‖θ0‖ = {_g(end)} from init by the end"
+        )
+    emb = _finite(ev.points("param/embedding_rms"))
+    if emb:
+        end = S.tail_median(emb, 0.1)
+        out["embedding_rms_last"] = Feature(end, f"embedding RMS at the end {_g(end)}")
+    growth = S.last_over_first(emb)
+    if growth is not None:
+        out["embedding_rms_growth"] = Feature(
+            growth,
+            f"embedding RMS {_g(S.first(emb))} -> {_g(S.tail_median(emb, 0.1))} ({growth:.3g}x)",
+        )
+
+
+def _per_layer(
+    ev: Evidence,
+    out: Features,
+    prefix: str,
+    name: str,
+    pick: Callable[[dict[str, float]], str],
+    what: str,
+    extra: str = "",
+) -> None:
+    """One feature from the tail medians of a per-block metric: the layer `pick` chooses."""
+    levels = {m: S.tail_median(p) for m, p in ev.per_block(prefix).items()}
+    levels = {m: v for m, v in levels.items() if v is not None}
+    if not levels:
+        return
+    layer = pick(levels)
+    others = ", ".join(f"{m} {v:.3g}" for m, v in levels.items())
+    out[name] = Feature(
+        levels[layer], f"{what}: {levels[layer]:.3g} at {layer}{extra} (tail medians: {others})"
+    )
+
+
+def _architecture(ev: Evidence, out: Features) -> None:
+    """Attention entropy, MoE load, residual write ratio."""
+    _per_layer(
+        ev,
+        out,
+        "attn/entropy",
+        "attn_entropy_min",
+        lambda d: min(d, key=lambda m: d[m]),
+        "lowest normalised attention entropy (1 uniform, 0 collapsed)",
+    )
+    levels = {m: S.tail_median(p) for m, p in ev.per_block("moe/imbalance").items()}
+    levels = {m: v for m, v in levels.items() if v}
+    if levels:
+        worst = max(levels, key=lambda m: levels[m])
+        experts = ev.cfg("model.n_experts")
+        out["moe_imbalance_max"] = Feature(
+            levels[worst],
+            f"MoE load max/mean {levels[worst]:.3g} at {worst}: balance (mean/max) "
+            f"{1.0 / levels[worst]:.2f}"
+            + (f", {experts} experts (all on one = {experts})" if experts else ""),
+        )
+    aux = _finite(ev.points("moe/aux_loss"))
+    if aux:
+        out["moe_aux_loss"] = Feature(
+            S.tail_median(aux), f"MoE aux loss at the end {_g(S.tail_median(aux))}"
+        )
+    _per_layer(
+        ev,
+        out,
+        "act/write_ratio",
+        "write_ratio_max",
+        lambda d: max(d, key=lambda m: d[m]),
+        "largest residual write ratio RMS(out−in)/RMS(in)",
+    )
+
+
+def _eval(ev: Evidence, out: Features) -> None:
+    """Held-out vs train loss at the end."""
+    train = _finite(ev.points("train/loss"))
+    evals = _finite(ev.points("eval/loss"))
+    if not train or not evals:
+        return
+    t_end = S.tail_median(train, 0.1)
+    e_end = evals[-1][1]
+    if t_end:
+        gap = (e_end - t_end) / abs(t_end)
+        out["train_eval_gap"] = Feature(
+            gap, f"eval loss {e_end:.4g} vs train loss {t_end:.4g} at the end ({gap:+.1%})"
+        )
+
+
+def _efficiency(ev: Evidence, out: Features) -> None:
+    """Medians of the throughput metrics (the first window includes start-up, the median
+    ignores it)."""
+    table = [
+        ("data_wait_frac", "perf/data_wait_frac", "fraction of step time waiting for data"),
+        ("mfu", "perf/mfu", "model FLOPs utilisation"),
+        ("comm_frac", "perf/comm_frac", "fraction of step time in communication"),
+        ("tokens_per_s", "perf/tokens_per_s", "tokens per second"),
+        ("step_time_s", "perf/step_time_s", "seconds per step"),
+    ]
+    for name, key, what in table:
+        pts = _finite(ev.points(key))
+        if pts:
+            med = S.median(pts)
+            out[name] = Feature(med, f"{what}: median {_g(med)} over {len(pts)} windows")
+    device = ev.tags.get(DEVICE_TAG)
+    out["on_cpu"] = Feature(
+        float(device == "cpu"),
+        f"device tag {device or 'absent'}"
+        + (": MFU bands are accelerator numbers, not judged on a CPU" if device == "cpu" else ""),
+    )
+    mem = _finite(ev.points("perf/peak_mem_gb"))
+    if mem:
+        top = max(v for _, v in mem)
+        out["peak_mem_gb"] = Feature(top, f"peak memory {top:.3g} GB")
+
+
+def _obvious(ev: Evidence, out: Features) -> None:
+    """Inputs to the "check the obvious first" list: peak LR, initial loss vs uniform guess."""
+    lr_cfg = ev.cfg("optim.lr")
+    lr_pts = _finite(ev.points("train/lr"))
+    if lr_pts:
+        peak = max(v for _, v in lr_pts)
+        out["lr"] = Feature(peak, f"peak logged LR {peak:.3g} (config optim.lr {_g(_num(lr_cfg))})")
+    elif _num(lr_cfg) is not None:
+        out["lr"] = Feature(_num(lr_cfg), f"config optim.lr {_g(_num(lr_cfg))}")
+    vocab = _num(ev.cfg("model.vocab_size")) or _num(ev.cfg("data.vocab_size"))
+    start = S.first(_finite(ev.points("train/loss")))
+    if vocab and vocab > 1 and start is not None:
+        uniform = math.log(vocab)
+        out["initial_loss_ratio"] = Feature(
+            start / uniform,
+            f"first train loss {start:.4g} vs ln(vocab {int(vocab)}) = {uniform:.4g} "
+            f"(ratio {start / uniform:.3g}; ≈1 for a fresh model)",
+        )
+
+
+def _num(x: Any) -> float | None:
+    """A config value as a float, None when it is not a number."""
+    if isinstance(x, bool):
+        return None
+    try:
+        return float(x)
+    except (TypeError, ValueError):
+        return None
+
+
+def _static(ev: Evidence, out: Features) -> None:
+    """One feature per L0 static check, plus how many failed."""
+    failed = []
+    for check in ev.static:
+        cid = check.get("id")
+        if not cid:
+            continue
+        status = check.get("status")
+        if status == "fail":
+            failed.append(str(cid))
+        out[f"static.{cid}"] = Feature(
+            check.get("value"),
+            f"L0 {cid}: {status}, value {check.get('value')} vs threshold "
+            f"{check.get('threshold')}" + (f": {check['why']}" if check.get("why") else ""),
+            status=status,
+            threshold=check.get("threshold"),
+        )
+    if ev.static:
+        out["static_fail_count"] = Feature(
+            float(len(failed)),
+            f"{len(failed)} of {len(ev.static)} L0 static checks failed"
+            + (f": {', '.join(failed)}" if failed else ""),
+        )
+
+
+def features(evidence: Evidence) -> Features:
+    """Every feature the evidence supports, by name."""
+    out: Features = {}
+    for part in (
+        _loss,
+        _divergence,
+        _gradients,
+        _parameters,
+        _architecture,
+        _eval,
+        _efficiency,
+        _obvious,
+        _static,
+    ):
+        part(evidence, out)
+    return out

@@ -1,0 +1,141 @@
+"""In-job L1 probes: statistics of gradients, parameters, activations and attention.
+
+Pure torch over tensors and modules; the job (runner/instrument.py) decides when they run and
+gathers sharded tensors first. Everything here is off the normal path: hooks exist only during
+a probed forward pass, and the model's own capture switches are off otherwise.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+
+def group_of(name: str, depth_of_blocks: int = 2) -> str:
+    """The module a parameter belongs to, at the granularity triage reads:
+    `blocks.3.attn.qkv.weight` -> `blocks.3`, `tok_emb.weight` -> `tok_emb`."""
+    parts = name.split(".")
+    if parts[0] == "blocks" and len(parts) > depth_of_blocks:
+        return ".".join(parts[:depth_of_blocks])
+    return parts[0] if len(parts) > 1 else name
+
+
+def grouped_norms(named: Iterable[tuple[str, torch.Tensor]]) -> tuple[float, dict[str, float]]:
+    """(global L2 norm, L2 norm per module group) of named tensors, in float64 for exactness."""
+    squares: dict[str, torch.Tensor] = {}
+    for name, tensor in named:
+        sq = tensor.detach().double().pow(2).sum()
+        key = group_of(name)
+        squares[key] = squares[key] + sq if key in squares else sq
+    total = math.sqrt(sum(float(v) for v in squares.values()))
+    return total, {k: math.sqrt(float(v)) for k, v in squares.items()}
+
+
+def has_nonfinite(tensors: Iterable[torch.Tensor]) -> bool:
+    return any(not bool(torch.isfinite(t).all()) for t in tensors)
+
+
+@dataclass
+class BlockStats:
+    """What a probed forward pass saw at each block of the residual stream."""
+
+    rms: dict[str, float] = field(default_factory=dict)
+    """RMS of each block's output."""
+    write_ratio: dict[str, float] = field(default_factory=dict)
+    """RMS(block output - block input) / RMS(block input): how much a block rewrites the stream."""
+
+
+@contextmanager
+def block_probe(model: nn.Module) -> Iterator[BlockStats]:
+    """Forward hooks on `model.blocks` for one forward pass (first call per block only, so an
+    activation-checkpointing recompute does not count twice)."""
+    stats = BlockStats()
+    blocks = getattr(model, "blocks", None)
+    handles = []
+    for i, block in enumerate(blocks or []):
+        name = f"blocks.{i}"
+
+        def hook(module, inputs, output, name=name) -> None:
+            if name in stats.rms or not inputs or not torch.is_tensor(output):
+                return
+            x, y = inputs[0].detach().float(), output.detach().float()
+            rms_in = x.pow(2).mean().sqrt()
+            stats.rms[name] = float(y.pow(2).mean().sqrt())
+            stats.write_ratio[name] = float((y - x).pow(2).mean().sqrt() / rms_in.clamp_min(1e-12))
+
+        handles.append(block.register_forward_hook(hook))
+    try:
+        yield stats
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+@contextmanager
+def attention_capture(model: nn.Module, heads: int) -> Iterator[dict[str, float]]:
+    """Ask each block's attention for the entropy of `heads` sampled heads during one forward.
+
+    Fused attention returns no probabilities, so the built-in GPT recomputes them for a few
+    heads and rows when `capture_heads` is set; other models are skipped."""
+    entropies: dict[str, float] = {}
+    modules = [(f"blocks.{i}", b.attn) for i, b in enumerate(getattr(model, "blocks", []) or [])
+               if hasattr(getattr(b, "attn", None), "capture_heads")]  # fmt: skip
+    for _, attn in modules:
+        attn.capture_heads = heads
+    try:
+        yield entropies
+    finally:
+        for name, attn in modules:
+            attn.capture_heads = 0
+            entropy = getattr(attn, "last_entropy", None)
+            if entropy is not None and torch.isfinite(entropy).all():
+                entropies[name] = float(entropy.float().mean())
+            attn.last_entropy = None
+
+
+def moe_stats(model: nn.Module) -> dict[str, float]:
+    """Load imbalance (max/mean routed share per expert: 1 balanced, n_experts collapsed) per MoE
+    block and the mean auxiliary loss, from what the MoE layers kept of their last forward."""
+    found: dict[str, float] = {}
+    aux = []
+    for i, block in enumerate(getattr(model, "blocks", []) or []):
+        load = getattr(getattr(block, "mlp", None), "last_load", None)
+        if load is None:
+            continue
+        load = load.float()
+        found[f"moe/imbalance/blocks.{i}"] = float(load.max() / load.mean().clamp_min(1e-12))
+        if getattr(block.mlp, "last_aux_loss", None) is not None:
+            aux.append(float(block.mlp.last_aux_loss))
+    if aux:
+        found["moe/aux_loss"] = sum(aux) / len(aux)
+    return found
+
+
+def first_nonfinite_module(model: nn.Module, forward) -> str | None:
+    """Replay `forward()` with hooks on every module; name the first (in execution order) whose
+    output holds a NaN or Inf: where the numbers went bad, not where they ended up."""
+    first: list[str] = []
+    handles = []
+    for name, module in model.named_modules():
+        if not name:
+            continue
+
+        def hook(module, inputs, output, name=name) -> None:
+            outputs = output if isinstance(output, tuple | list) else (output,)
+            tensors = [t for t in outputs if torch.is_tensor(t) and t.is_floating_point()]
+            if not first and has_nonfinite(tensors):
+                first.append(name)
+
+        handles.append(module.register_forward_hook(hook))
+    try:
+        with torch.no_grad():
+            forward()
+    finally:
+        for handle in handles:
+            handle.remove()
+    return first[0] if first else None

@@ -1,0 +1,590 @@
+"""Triage: match a run's features against the pattern tables and rank what fired.
+
+The method's pattern tables ("Loss not decreasing", "Efficiency problems", "Architecture
+anomalies", plus early anomalies and data) live as rows in `diag/tables/*.yaml`: a row fires
+when all its conditions hold on the measured features. Nothing here knows a threshold; users add
+or tune rows without touching code. A table file is any YAML in the folder whose top-level
+mapping has `patterns:` (and optionally `obvious:`); other YAML there (hardware peaks, L0 static
+check settings) is not ours and is skipped.
+
+Ranking: `priority` first (a tier: divergence and NaN outrank everything, then config mistakes,
+convergence, efficiency, early signals), then severity, a measured "how far from healthy" ratio.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import re
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from diag.evidence import Evidence, plain
+from diag.features import Feature, Features, features
+
+TABLES_DIR = Path(__file__).parent / "tables"
+"""Where the shipped tables live."""
+
+QUESTIONS = ("Q1", "Q2", "Q3")
+"""Q1 why isn't it converging, Q2 what are these early anomaly signals, Q3 why isn't it fast."""
+GROUPS = ("architecture", "training dynamics", "data pipeline", "scaling/distribution")
+"""The groups a diagnostic report sorts its findings into."""
+OPS = (">", "<", ">=", "<=", "==", "!=", "in")
+"""Comparison operators a condition may use (`in`: the value is one of a list)."""
+FIELDS = ("value", "status")
+"""What of a feature a condition reads: its value, or (for `static.<id>`) the check status."""
+
+SEVERITY_CAP = 1e6
+"""A ratio against a zero value would be infinite; the ranking only needs "very far"."""
+STATUS_SEVERITY = {"warn": 1.0, "fail": 2.0}
+"""Severity of an L0 check whose threshold is prose, not a number (diag/static.py writes e.g.
+"exact duplicates <= 1% (fail > 10%)"): a fail is further from healthy than a warn. With a
+numeric threshold the severity is the measured ratio value/threshold instead."""
+STATIC_FALLBACK_PRIORITY = 60
+"""Priority of a failed L0 check that no table row mentions: it still reaches the report, just
+below the rows written for known checks."""
+STATIC_FALLBACK_GROUP = {
+    "Q1": "training dynamics",
+    "Q2": "data pipeline",
+    "Q3": "scaling/distribution",
+}
+"""Group of such a check, from the question it names."""
+
+_ROW_KEYS = {
+    "id",
+    "table",
+    "group",
+    "question",
+    "evidence",
+    "cause",
+    "first_action",
+    "cards",
+    "when",
+    "priority",
+    "unless",
+    "show",
+    "severity_feature",
+}
+_REQUIRED = ("id", "table", "group", "question", "evidence", "cause", "first_action", "cards")
+_COND_KEYS = {"feature", "field", "op", "threshold"}
+_OBVIOUS_KEYS = {"id", "check", "when"}
+_FILE_KEYS = {"patterns", "obvious"}
+_TEMPLATE = re.compile(r"\{([A-Za-z0-9_./]+)\}")
+
+
+@dataclass(frozen=True)
+class Condition:
+    """One comparison of a feature with a threshold."""
+
+    feature: str
+    """Feature name, e.g. `loss_oscillation` or `static.duplicates`."""
+    op: str
+    """One of OPS."""
+    threshold: Any
+    """A number for ordering ops; a number, string or null for ==/!=; a list for `in`."""
+    field: str = "value"
+    """`value`, or `status` to read an L0 check's pass | warn | fail | skip."""
+
+    def text(self) -> str:
+        """`feature op threshold`, as written in the table."""
+        name = self.feature if self.field == "value" else f"{self.feature}.{self.field}"
+        return f"{name} {self.op} {'null' if self.threshold is None else self.threshold}"
+
+
+@dataclass(frozen=True)
+class Pattern:
+    """One table row: evidence that, when all its conditions hold, points to a likely cause."""
+
+    id: str
+    """Unique row id; the finding carries it."""
+    table: str
+    """The method's table this row belongs to."""
+    group: str
+    """One of GROUPS."""
+    question: str
+    """Q1 | Q2 | Q3."""
+    evidence: str
+    """What was seen, in words; `{feature}` placeholders are filled with measured values."""
+    cause: str
+    """The likely cause."""
+    first_action: str
+    """What to check or test first."""
+    cards: tuple[str, ...]
+    """Hypothesis card ids that test this cause one variable at a time."""
+    when: tuple[Condition, ...]
+    """Conditions, all of which must hold."""
+    priority: int = 0
+    """Ranking tier; higher first, severity breaks ties within a tier."""
+    unless: tuple[str, ...] = ()
+    """Row ids that, when they fired too, make this row redundant (a generic row yields to the
+    more specific one)."""
+    show: tuple[str, ...] = ()
+    """Extra features whose numbers the finding carries for context."""
+    severity_feature: str | None = None
+    """A feature whose numeric value is the severity, instead of the conditions' ratios."""
+    source: str = ""
+    """The file the row came from (for messages)."""
+
+
+@dataclass(frozen=True)
+class ObviousCheck:
+    """One item of the method's "check the obvious first" list."""
+
+    id: str
+    """Check id."""
+    check: str
+    """The question it answers, in words."""
+    when: tuple[Condition, ...]
+    """Conditions that all hold on a sane run; any that fails makes the check fail."""
+
+
+@dataclass
+class Finding:
+    """A fired pattern with the numbers that made it fire."""
+
+    id: str
+    """The row id."""
+    question: str
+    """Q1 | Q2 | Q3."""
+    group: str
+    """One of GROUPS."""
+    evidence: str
+    """What was seen, with values filled in."""
+    cause: str
+    """The likely cause."""
+    first_action: str
+    """What to check or test first."""
+    cards: list[str]
+    """Hypothesis card ids to test."""
+    severity: float
+    """How far from healthy, as a ratio to the threshold (>= 1 means past it)."""
+    numbers: dict[str, float | str | None] = field(default_factory=dict)
+    """Measured feature values behind the finding (conditions, then `show`)."""
+    details: list[str] = field(default_factory=list)
+    """One line per condition and shown feature, with the numbers and the threshold."""
+    table: str = ""
+    """The method's table."""
+    priority: int = 0
+    """The row's ranking tier."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-ready dict."""
+        return {
+            "id": self.id,
+            "question": self.question,
+            "group": self.group,
+            "table": self.table,
+            "evidence": self.evidence,
+            "cause": self.cause,
+            "first_action": self.first_action,
+            "cards": list(self.cards),
+            "severity": _json_num(self.severity),
+            "priority": self.priority,
+            "numbers": {k: _json_num(v) for k, v in self.numbers.items()},
+            "details": list(self.details),
+        }
+
+
+@dataclass
+class Diagnosis:
+    """What triage concluded about one run."""
+
+    question: str
+    """The core question to work on: that of the top finding, else the one the evidence
+    implies."""
+    obvious: list[dict[str, Any]]
+    """The "check the obvious first" list: {id, check, status (pass|fail|skip), numbers,
+    details}."""
+    findings: list[Finding]
+    """Fired patterns, most important first."""
+    features: Features = field(default_factory=dict)
+    """Every measured feature, for the report."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-ready dict."""
+        return {
+            "question": self.question,
+            "obvious": _json_num(self.obvious),
+            "findings": [f.to_dict() for f in self.findings],
+            "features": {k: _json_num(f.to_dict()) for k, f in self.features.items()},
+        }
+
+
+def _json_num(x: Any) -> Any:
+    """JSON-ready copy (see `diag.evidence.plain`)."""
+    return plain(x)
+
+
+# ---------------------------------------------------------------- loading
+
+
+def _fail(path: Path, rid: Any, problem: str, fix: str) -> ValueError:
+    return ValueError(f"{path}: row {rid!r}: {problem}; {fix}")
+
+
+def _is_number(x: Any) -> bool:
+    """A real number (numpy scalars included), not a bool."""
+    return isinstance(x, numbers.Real) and not isinstance(x, (bool, np.bool_))
+
+
+def _conditions(path: Path, rid: Any, raw: Any) -> tuple[Condition, ...]:
+    if not isinstance(raw, list) or not raw:
+        raise _fail(path, rid, "`when` must be a non-empty list", "add at least one condition")
+    out = []
+    for i, cond in enumerate(raw):
+        if not isinstance(cond, dict):
+            raise _fail(path, rid, f"when[{i}] is not a mapping", "write {feature, op, threshold}")
+        unknown = set(cond) - _COND_KEYS
+        if unknown:
+            raise _fail(
+                path,
+                rid,
+                f"unknown key {sorted(unknown)[0]!r} in when[{i}]",
+                f"allowed: {', '.join(sorted(_COND_KEYS))}",
+            )
+        for key in ("feature", "op", "threshold"):
+            if key not in cond:
+                raise _fail(path, rid, f"when[{i}] lacks {key!r}", "write {feature, op, threshold}")
+        op, threshold = cond["op"], cond["threshold"]
+        if op not in OPS:
+            raise _fail(path, rid, f"unknown op {op!r} in when[{i}]", f"use one of {' '.join(OPS)}")
+        if op in (">", "<", ">=", "<=") and not _is_number(threshold):
+            raise _fail(path, rid, f"op {op!r} needs a number, got {threshold!r}", "write a number")
+        if op == "in" and not isinstance(threshold, list):
+            raise _fail(path, rid, f"op 'in' needs a list, got {threshold!r}", "write [a, b]")
+        fld = cond.get("field", "value")
+        if fld not in FIELDS:
+            raise _fail(path, rid, f"unknown field {fld!r} in when[{i}]", "use value or status")
+        out.append(Condition(str(cond["feature"]), op, threshold, fld))
+    return tuple(out)
+
+
+def _as_strings(path: Path, rid: Any, key: str, raw: Any) -> tuple[str, ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, list) or not all(isinstance(x, str) for x in raw):
+        raise _fail(path, rid, f"`{key}` must be a list of strings", f"write {key}: [a, b]")
+    return tuple(raw)
+
+
+def _pattern(path: Path, row: Any) -> Pattern:
+    if not isinstance(row, dict):
+        raise ValueError(f"{path}: a row is not a mapping; write `- id: ...` entries")
+    rid = row.get("id")
+    unknown = set(row) - _ROW_KEYS
+    if unknown:
+        raise _fail(
+            path,
+            rid,
+            f"unknown key {sorted(unknown)[0]!r}",
+            f"allowed: {', '.join(sorted(_ROW_KEYS))}",
+        )
+    for key in (*_REQUIRED, "when"):
+        if key not in row or row[key] in (None, ""):
+            raise _fail(path, rid, f"missing field {key!r}", f"add `{key}:` to the row")
+    if row["group"] not in GROUPS:
+        raise _fail(
+            path, rid, f"unknown group {row['group']!r}", f"use one of: {', '.join(GROUPS)}"
+        )
+    if row["question"] not in QUESTIONS:
+        raise _fail(path, rid, f"unknown question {row['question']!r}", "use Q1, Q2 or Q3")
+    priority = row.get("priority", 0)
+    if not isinstance(priority, int) or isinstance(priority, bool):
+        raise _fail(path, rid, f"priority {priority!r} is not an integer", "write e.g. 50")
+    sev = row.get("severity_feature")
+    if sev is not None and not isinstance(sev, str):
+        raise _fail(path, rid, "severity_feature must be a feature name", "write a string")
+    return Pattern(
+        id=str(rid),
+        table=str(row["table"]),
+        group=row["group"],
+        question=row["question"],
+        evidence=str(row["evidence"]),
+        cause=str(row["cause"]),
+        first_action=str(row["first_action"]),
+        cards=_as_strings(path, rid, "cards", row["cards"]),
+        when=_conditions(path, rid, row["when"]),
+        priority=priority,
+        unless=_as_strings(path, rid, "unless", row.get("unless")),
+        show=_as_strings(path, rid, "show", row.get("show")),
+        severity_feature=sev,
+        source=str(path),
+    )
+
+
+_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+@lru_cache(maxsize=64)
+def _parse(path: str, mtime_ns: int, size: int) -> Any:
+    """Parsed YAML, cached by path and modification stamp (an edited table is reread)."""
+    try:
+        return yaml.load(Path(path).read_text(), Loader=_Loader)
+    except yaml.YAMLError as err:
+        line = " ".join(str(err).split())
+        raise ValueError(f"{path}: not valid YAML ({line}); fix the syntax") from None
+
+
+def _table_files(tables_dir: Path) -> list[tuple[Path, dict]]:
+    """(path, parsed mapping) of the table files in `tables_dir`."""
+    out = []
+    for path in sorted(Path(tables_dir).glob("*.yaml")):
+        stat = path.stat()
+        data = _parse(str(path), stat.st_mtime_ns, stat.st_size)
+        if not isinstance(data, dict) or not (_FILE_KEYS & set(data)):
+            continue
+        unknown = set(data) - _FILE_KEYS
+        if unknown:
+            raise ValueError(
+                f"{path}: unknown top-level key {sorted(unknown)[0]!r}; "
+                f"a table file holds only {' and '.join(sorted(_FILE_KEYS))}"
+            )
+        out.append((path, data))
+    return out
+
+
+def load_tables(tables_dir: Path | str = TABLES_DIR) -> list[Pattern]:
+    """Every pattern row in the folder, validated: an unknown key, an unknown op, a missing
+    field, a duplicate id or an `unless` naming no row is a ValueError naming file and row."""
+    rows: list[Pattern] = []
+    seen: dict[str, Path] = {}
+    for path, data in _table_files(Path(tables_dir)):
+        raw = data.get("patterns") or []
+        if not isinstance(raw, list):
+            raise ValueError(f"{path}: `patterns` must be a list of rows; write `- id: ...`")
+        for item in raw:
+            row = _pattern(path, item)
+            if row.id in seen:
+                raise _fail(path, row.id, f"duplicate id (also in {seen[row.id]})", "rename one")
+            seen[row.id] = path
+            rows.append(row)
+    for row in rows:
+        for other in row.unless:
+            if other not in seen:
+                raise _fail(
+                    Path(row.source), row.id, f"unless names unknown row {other!r}", "fix the id"
+                )
+    return rows
+
+
+def load_obvious(tables_dir: Path | str = TABLES_DIR) -> list[ObviousCheck]:
+    """The "check the obvious first" items from the `obvious:` sections."""
+    out = []
+    for path, data in _table_files(Path(tables_dir)):
+        for item in data.get("obvious") or []:
+            if not isinstance(item, dict):
+                raise ValueError(f"{path}: an obvious check is not a mapping; write `- id: ...`")
+            cid = item.get("id")
+            unknown = set(item) - _OBVIOUS_KEYS
+            if unknown:
+                raise _fail(
+                    path,
+                    cid,
+                    f"unknown key {sorted(unknown)[0]!r}",
+                    f"allowed: {', '.join(sorted(_OBVIOUS_KEYS))}",
+                )
+            for key in sorted(_OBVIOUS_KEYS):
+                if not item.get(key):
+                    raise _fail(path, cid, f"missing field {key!r}", f"add `{key}:`")
+            out.append(
+                ObviousCheck(str(cid), str(item["check"]), _conditions(path, cid, item["when"]))
+            )
+    return out
+
+
+# ---------------------------------------------------------------- evaluation
+
+
+def _read(cond: Condition, feats: Features) -> tuple[bool, Any]:
+    """(present, value) of what the condition reads."""
+    feat = feats.get(cond.feature)
+    if feat is None:
+        return False, None
+    value = feat.status if cond.field == "status" else feat.value
+    return value is not None, value
+
+
+def holds(cond: Condition, feats: Features) -> bool | None:
+    """True/False, or None when the feature is missing (unknown: the condition cannot fire).
+    `== null` holds exactly when the feature is missing or None."""
+    present, value = _read(cond, feats)
+    if cond.op == "==" and cond.threshold is None:
+        return not present
+    if not present:
+        return None
+    if cond.op == "!=" and cond.threshold is None:
+        return True
+    if cond.op == "in":
+        return value in cond.threshold
+    if cond.op in ("==", "!="):
+        same = (
+            float(value) == float(cond.threshold)
+            if _is_number(value) and _is_number(cond.threshold)
+            else value == cond.threshold
+        )
+        return same if cond.op == "==" else not same
+    if not _is_number(value) or not math.isfinite(float(value)):
+        return None
+    v, t = float(value), float(cond.threshold)
+    return {">": v > t, "<": v < t, ">=": v >= t, "<=": v <= t}[cond.op]
+
+
+def _ratio(cond: Condition, feat: Feature | None) -> float | None:
+    """How far past its threshold a holding condition is, as a ratio >= ~1; None when the
+    condition carries no magnitude (an equality, a sign change)."""
+    if feat is None:
+        return None
+    if cond.field == "status":
+        v, t = feat.value, feat.threshold
+        if _is_number(v) and _is_number(t) and v > 0 and t > 0:
+            return min(max(v / t, t / v), SEVERITY_CAP)
+        return STATUS_SEVERITY.get(str(feat.status))
+    if cond.op not in (">", ">=", "<", "<=") or not _is_number(feat.value):
+        return None
+    v, t = float(feat.value), float(cond.threshold)
+    if t <= 0:
+        return None
+    if cond.op in (">", ">="):
+        return min(v / t, SEVERITY_CAP) if v > 0 else None
+    return SEVERITY_CAP if v <= 0 else min(t / v, SEVERITY_CAP)
+
+
+def _fmt(x: Any) -> str:
+    if _is_number(x):
+        return f"{x:.3g}"
+    return "none" if x is None else str(x)
+
+
+def _fill(text: str, feats: Features) -> str:
+    """Replace `{feature}` with its measured value; unknown names stay as written."""
+
+    def one(match: re.Match) -> str:
+        feat = feats.get(match.group(1))
+        return match.group(0) if feat is None else _fmt(feat.value)
+
+    return _TEMPLATE.sub(one, text)
+
+
+def _fire(row: Pattern, feats: Features) -> Finding | None:
+    if not all(holds(c, feats) for c in row.when):
+        return None
+    numbers: dict[str, Any] = {}
+    details: list[str] = []
+    ratios = []
+    for cond in row.when:
+        feat = feats.get(cond.feature)
+        ratio = _ratio(cond, feat)
+        if ratio is not None:
+            ratios.append(ratio)
+        if feat is None:
+            details.append(f"{cond.text()}: {cond.feature} not measured")
+            continue
+        numbers[cond.feature] = feat.value
+        details.append(f"{cond.text()}: {feat.detail}")
+    for name in row.show:
+        feat = feats.get(name)
+        if feat is not None and name not in numbers:
+            numbers[name] = feat.value
+            details.append(feat.detail)
+    severity = min(ratios) if ratios else 1.0
+    if row.severity_feature:
+        feat = feats.get(row.severity_feature)
+        if feat is not None and _is_number(feat.value) and math.isfinite(float(feat.value)):
+            severity = float(feat.value)
+    return Finding(
+        id=row.id,
+        question=row.question,
+        group=row.group,
+        evidence=_fill(row.evidence, feats),
+        cause=_fill(row.cause, feats),
+        first_action=_fill(row.first_action, feats),
+        cards=list(row.cards),
+        severity=severity,
+        numbers=numbers,
+        details=details,
+        table=row.table,
+        priority=row.priority,
+    )
+
+
+def _static_fallback(evidence: Evidence, rows: list[Pattern], feats: Features) -> list[Finding]:
+    """A failed L0 check that no row mentions still becomes a finding."""
+    known = {c.feature for row in rows for c in row.when}
+    out = []
+    for check in evidence.static:
+        name = f"static.{check.get('id')}"
+        if check.get("status") != "fail" or name in known or name not in feats:
+            continue
+        question = check.get("question") if check.get("question") in QUESTIONS else "Q1"
+        feat = feats[name]
+        out.append(
+            Finding(
+                id=name,
+                question=question,
+                group=STATIC_FALLBACK_GROUP[question],
+                evidence=f"L0 static check {check.get('id')} failed",
+                cause=str(check.get("why") or "a failed static check"),
+                first_action="fix the configuration the check names, then rerun the baseline",
+                cards=[],
+                severity=_ratio(Condition(name, "==", "fail", "status"), feat) or 1.0,
+                numbers={name: feat.value},
+                details=[feat.detail],
+                table="L0 static checks",
+                priority=STATIC_FALLBACK_PRIORITY,
+            )
+        )
+    return out
+
+
+def check_obvious(checks: list[ObviousCheck], feats: Features) -> list[dict[str, Any]]:
+    """Evaluate the obvious list: fail if any condition fails, skip if one cannot be
+    measured and none failed, else pass."""
+    out = []
+    for check in checks:
+        results = [holds(c, feats) for c in check.when]
+        status = "fail" if False in results else ("skip" if None in results else "pass")
+        numbers: dict[str, Any] = {}
+        details = []
+        for cond, ok in zip(check.when, results, strict=True):
+            feat = feats.get(cond.feature)
+            if feat is not None:
+                numbers[cond.feature] = _json_num(feat.value)
+            verdict = {True: "ok", False: "FAILS", None: "not measured"}[ok]
+            details.append(f"{cond.text()}: {verdict}" + (f" ({feat.detail})" if feat else ""))
+        out.append(
+            {
+                "id": check.id,
+                "check": check.check,
+                "status": status,
+                "numbers": numbers,
+                "details": details,
+            }
+        )
+    return out
+
+
+def _implied_question(evidence: Evidence) -> str:
+    """With no finding: the question of the first L0 check that is not clean, else Q1."""
+    for check in evidence.static:
+        if check.get("status") in ("fail", "warn") and check.get("question") in QUESTIONS:
+            return str(check["question"])
+    return "Q1"
+
+
+def triage(evidence: Evidence, tables_dir: Path | str = TABLES_DIR) -> Diagnosis:
+    """Measure features, fire the table rows, rank the findings, evaluate the obvious list."""
+    feats = features(evidence)
+    rows = load_tables(tables_dir)
+    fired = {f.id: f for row in rows if (f := _fire(row, feats)) is not None}
+    by_id = {row.id: row for row in rows}
+    kept = [f for f in fired.values() if not any(u in fired for u in by_id[f.id].unless)]
+    kept += _static_fallback(evidence, rows, feats)
+    kept.sort(key=lambda f: (-f.priority, -f.severity, f.id))
+    obvious = check_obvious(load_obvious(tables_dir), feats)
+    question = kept[0].question if kept else _implied_question(evidence)
+    return Diagnosis(question=question, obvious=obvious, findings=kept, features=feats)

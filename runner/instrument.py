@@ -1,0 +1,179 @@
+"""L1 diagnostics inside the job: when to probe, and the gathering that sharding requires.
+
+The statistics themselves are `diag.probes`; this module owns what touches DeepSpeed: full
+gradients and fp32 parameters are assembled with DeepSpeed's `safe_get_full_*` (collectives
+under ZeRO, so every rank probes the same steps), which is what makes the global gradient norm
+equal an unsharded run's at any ZeRO stage.
+"""
+
+from __future__ import annotations
+
+import math
+import resource
+import time
+from contextlib import ExitStack, contextmanager
+from functools import lru_cache
+
+import torch
+from diag.spikes import SpikeDetector
+from omegaconf import DictConfig
+
+from diag import probes
+from diag.efficiency import device_peak, mfu
+
+
+def full_grad(param: torch.nn.Parameter) -> torch.Tensor | None:
+    from deepspeed.utils import safe_get_full_grad
+
+    return safe_get_full_grad(param)
+
+
+def full_param(param: torch.nn.Parameter) -> torch.Tensor:
+    from deepspeed.utils import safe_get_full_fp32_param
+
+    found = safe_get_full_fp32_param(param)
+    return param.data if found is None else found
+
+
+class Instruments:
+    """The L1 probes of one job, configured by the `probes` group."""
+
+    def __init__(self, cfg: DictConfig, engine, precision: str, world: int):
+        self.cfg, self.engine, self.world = cfg, engine, world
+        self.model = engine.module
+        self.named = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
+        self.flops_per_token = _flops_per_token(self.model)
+        self.peak_flops = cfg.peak_flops or _device_peak(engine.device, precision)
+        self.loss_spikes = SpikeDetector()
+        self.grad_spikes = SpikeDetector()
+        self.initial = self._params_on_cpu() if cfg.every_steps and cfg.parameters else None
+        self._before: dict[str, torch.Tensor] = {}
+
+    def probing(self, step: int) -> bool:
+        """Probe the first step and every `every_steps` after it."""
+        return bool(self.cfg.every_steps) and step % self.cfg.every_steps == 0
+
+    @contextmanager
+    def forward(self, active: bool):
+        """Around one forward pass: block and attention capture when `active`."""
+        if not active or not self.cfg.activations:
+            yield None
+            return
+        with ExitStack() as stack:
+            blocks = stack.enter_context(probes.block_probe(self.model))
+            heads = stack.enter_context(
+                probes.attention_capture(self.model, self.cfg.attention_heads)
+            )
+            found: dict[str, float] = {}
+            yield found
+        found.update({f"act/rms/{k}": v for k, v in blocks.rms.items()})
+        found.update({f"act/write_ratio/{k}": v for k, v in blocks.write_ratio.items()})
+        found.update({f"attn/entropy/{k}": v for k, v in heads.items()})
+        found.update(probes.moe_stats(self.model))
+
+    def gradients(self) -> dict[str, float]:
+        """After the last backward of a step, before clipping: gradient norms and NaN/Inf.
+        Also remembers the parameters, for the update ratio after the step."""
+        metrics: dict[str, float] = {}
+        if self.cfg.gradients:
+            grads = [(n, g) for n, p in self.named if (g := full_grad(p)) is not None]
+            total, per_group = probes.grouped_norms(grads)
+            metrics["grad/norm"] = total
+            metrics.update({f"grad/norm/{k}": v for k, v in per_group.items()})
+            metrics["grad/nonfinite"] = float(not math.isfinite(total))
+            if self.cfg.spikes and math.isfinite(total):
+                metrics["anomaly/grad_spike"] = float(self.grad_spikes.update(total))
+        if self.cfg.parameters:
+            self._before = {n: full_param(p).detach().float().clone() for n, p in self.named}
+        return metrics
+
+    def parameters(self) -> dict[str, float]:
+        """After the step: parameter norm, update/parameter ratio, distance from init."""
+        if not self.cfg.parameters or not self._before:
+            return {}
+        now = {n: full_param(p).detach().float() for n, p in self.named}
+        norm, _ = probes.grouped_norms(now.items())
+        delta, _ = probes.grouped_norms((n, now[n] - self._before[n]) for n in now)
+        initial = {n: t.to(now[n].device) for n, t in self.initial.items()}
+        moved, _ = probes.grouped_norms((n, now[n] - initial[n]) for n in now)
+        start, _ = probes.grouped_norms(self.initial.items())
+        metrics = {
+            "param/norm": norm,
+            "param/update_ratio": delta / max(norm, 1e-12),
+            "param/dist_from_init": moved / max(start, 1e-12),
+        }
+        embedding = next((t for n, t in now.items() if n.startswith("tok_emb")), None)
+        if embedding is not None:
+            metrics["param/embedding_rms"] = float(embedding.pow(2).mean().sqrt())
+        self._before = {}
+        return metrics
+
+    def loss(self, value: float) -> dict[str, float]:
+        """Per logged loss: spike flags (6 sigma over the last 128, or 10x the moving average)."""
+        if not self.cfg.spikes or not math.isfinite(value):
+            return {}
+        return {"anomaly/loss_spike": float(self.loss_spikes.update(value))}
+
+    def efficiency(self, tokens_per_s: float) -> dict[str, float]:
+        """MFU against the device peak (all processes together), and peak memory."""
+        metrics = {"perf/flops_per_s": tokens_per_s * self.flops_per_token}
+        if self.peak_flops:
+            peak = self.peak_flops * self.world
+            metrics["perf/mfu"] = mfu(tokens_per_s, self.flops_per_token, peak)
+        metrics["perf/peak_mem_gb"] = _peak_memory_gb(self.engine.device)
+        if self.engine.wall_clock_breakdown():
+            metrics.update(self._comm_share())
+        return metrics
+
+    def locate_nan(self, x: torch.Tensor, y: torch.Tensor) -> str | None:
+        """Replay the batch whose loss was NaN/Inf and name the first module that produced one."""
+        return probes.first_nonfinite_module(self.model, lambda: self.model(x, y))
+
+    def _params_on_cpu(self) -> dict[str, torch.Tensor]:
+        return {n: full_param(p).detach().float().cpu().clone() for n, p in self.named}
+
+    def _comm_share(self) -> dict[str, float]:
+        """Gradient all-reduce time over forward + backward + step, from DeepSpeed's timers."""
+        from deepspeed.runtime.engine import (
+            BACKWARD_GLOBAL_TIMER,
+            BACKWARD_REDUCE_GLOBAL_TIMER,
+            FORWARD_GLOBAL_TIMER,
+            STEP_GLOBAL_TIMER,
+        )
+
+        timers = self.engine.timers
+        names = (FORWARD_GLOBAL_TIMER, BACKWARD_GLOBAL_TIMER, STEP_GLOBAL_TIMER)
+        total = sum(timers(n).elapsed(reset=True) for n in names)
+        reduce = timers(BACKWARD_REDUCE_GLOBAL_TIMER).elapsed(reset=True)
+        return {"perf/comm_frac": reduce / total} if total > 0 else {}
+
+
+def _flops_per_token(model: torch.nn.Module) -> float:
+    """The model's own count when it has one, else 6N (matmuls only)."""
+    if hasattr(model, "flops_per_token"):
+        return float(model.flops_per_token())
+    return 6.0 * sum(p.numel() for p in model.parameters())
+
+
+def _device_peak(device: torch.device, precision: str) -> float | None:
+    if device.type == "cuda":
+        return device_peak(torch.cuda.get_device_name(device), precision)
+    return measured_cpu_peak()
+
+
+@lru_cache
+def measured_cpu_peak(size: int = 512, seconds: float = 0.2) -> float:
+    """A CPU has no datasheet peak here: time fp32 matmuls and call that the peak."""
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    a @ b  # warm-up
+    count, start = 0, time.perf_counter()
+    while (elapsed := time.perf_counter() - start) < seconds:
+        a @ b
+        count += 1
+    return 2.0 * size**3 * count / elapsed
+
+
+def _peak_memory_gb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux

@@ -1,0 +1,656 @@
+"""Triage on crafted evidence: series statistics, spike rules, features, tables and ranking.
+
+Each scenario starts from one healthy run and plants exactly one pathology; the expected
+pattern must rank first and carry the numbers that made it fire. No training happens here.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from diag import series as S
+from diag.evidence import Evidence
+from diag.features import features
+from diag.spikes import SpikeDetector, find_spikes
+from diag.triage import TABLES_DIR, Condition, holds, load_obvious, load_tables, triage
+
+TOK = 1024  # tokens per logged step
+N = 200  # logged steps
+PROBE = 5  # probes every PROBE logged steps
+BLOCKS = 4
+
+
+def pts(values, every: int = 1) -> list[tuple[int, float]]:
+    """(tokens, value) pairs for values logged every `every` steps."""
+    return [((i + 1) * every * TOK, float(v)) for i, v in enumerate(values)]
+
+
+def healthy(seed: int = 0) -> Evidence:
+    """A run that trains well: loss descending by a power law, probes all in range."""
+    rng = np.random.default_rng(seed)
+    i = np.arange(N)
+    loss = 1.4 + 4.1 * (1 + i / 8) ** -0.8 + rng.normal(0, 0.01, N)
+    warm = np.minimum(1.0, (i + 1) / 10)
+    lr = 1e-3 * warm * (0.1 + 0.9 * 0.5 * (1 + np.cos(math.pi * i / N)))
+    p = np.arange(N // PROBE)
+    n_p = p.size
+    noise = lambda s=0.05: np.exp(rng.normal(0, s, n_p))  # noqa: E731
+    grad = (0.3 + 0.7 * np.exp(-p / 5)) * noise()
+    series = {
+        "train/loss": pts(loss),
+        "train/lr": pts(lr),
+        "eval/loss": pts(loss[19::20] + 0.02, every=20),
+        "perf/tokens_per_s": pts(50_000 * np.exp(rng.normal(0, 0.02, N))),
+        "perf/step_time_s": pts(0.02 * np.exp(rng.normal(0, 0.02, N))),
+        "perf/data_wait_frac": pts(np.clip(0.03 + rng.normal(0, 0.005, N), 0, 1)),
+        "perf/mfu": pts(0.45 + rng.normal(0, 0.01, N)),
+        "perf/comm_frac": pts(0.05 + rng.normal(0, 0.005, N)),
+        "perf/peak_mem_gb": pts(np.full(N, 12.0)),
+        "grad/norm": pts(grad, PROBE),
+        "param/norm": pts(50 + 0.05 * p, PROBE),
+        "param/update_ratio": pts(1e-3 * noise(), PROBE),
+        "param/dist_from_init": pts(0.4 * (p + 1) / n_p, PROBE),
+        "param/embedding_rms": pts(0.02 * (1 + 1.5 * p / n_p), PROBE),
+        "moe/aux_loss": pts(0.01 * noise(), PROBE),
+    }
+    for b in range(BLOCKS):
+        series[f"grad/norm/blocks.{b}"] = pts(grad * (0.3 + 0.1 * b) * noise(), PROBE)
+        series[f"act/rms/blocks.{b}"] = pts(1.0 + 0.1 * b + 0 * p, PROBE)
+        series[f"act/write_ratio/blocks.{b}"] = pts(0.4 * noise(), PROBE)
+        series[f"attn/entropy/blocks.{b}"] = pts(0.8 - 0.2 * p / n_p, PROBE)
+        series[f"moe/imbalance/blocks.{b}"] = pts(1.2 * noise(0.02), PROBE)
+    for m in ("tok_emb", "pos_emb", "norm_f", "lm_head"):
+        series[f"grad/norm/{m}"] = pts(grad * 0.2, PROBE)
+    return Evidence(
+        config={
+            "optim": {"lr": 1e-3},
+            "model": {"n_layer": BLOCKS, "vocab_size": 256, "n_experts": 4},
+            "ds": {"grad_clip": 1.0},
+            "budget": {"tokens": N * TOK},
+        },
+        series=series,
+        tags={"hyprun.outcome": "completed"},
+        static=[
+            {"id": "duplicates", "status": "pass", "value": 0.0, "threshold": 0.01,
+             "why": "training sequences are distinct", "question": "Q2"},
+            {"id": "lr_plausible", "status": "pass", "value": 1e-3, "threshold": [1e-5, 3e-3],
+             "why": "LR within the usual band", "question": "Q1"},
+        ],
+    )  # fmt: skip
+
+
+def drop_probes(ev: Evidence) -> None:
+    """Probes off: only the always-logged series remain."""
+    keep = ("train/", "eval/", "perf/tokens_per_s", "perf/step_time_s", "perf/data_wait_frac")
+    ev.series = {k: v for k, v in ev.series.items() if k.startswith(keep)}
+
+
+def top(ev: Evidence):
+    diag = triage(ev)
+    assert diag.findings, "expected a finding"
+    return diag, diag.findings[0]
+
+
+# ------------------------------------------------------------------ scenarios
+
+
+def test_healthy_run_has_no_findings_and_passes_the_obvious():
+    diag = triage(healthy())
+    assert diag.findings == [], [f.id for f in diag.findings]
+    assert diag.question == "Q1"
+    assert {o["id"]: o["status"] for o in diag.obvious} == {
+        "lr_reasonable": "pass",
+        "no_nan_inf": "pass",
+        "loss_sane": "pass",
+        "labels_fed": "pass",
+    }
+    feats = diag.features
+    assert feats["loss_descending"].value == 1.0 and feats["loss_plateau"].value == 0.0
+    assert "per token" in feats["loss_plateau"].detail
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_healthy_run_stays_quiet_across_seeds(seed):
+    assert [f.id for f in triage(healthy(seed)).findings] == []
+
+
+def test_healthy_run_without_probes_is_quiet():
+    ev = healthy()
+    drop_probes(ev)
+    assert triage(ev).findings == []
+
+
+def annealed_loss(tau: float, seed: int = 0) -> list[tuple[int, float]]:
+    """A loss that drops 20% and then flattens, after `tau` logged steps."""
+    noise = np.random.default_rng(seed).normal(0, 0.01, N)
+    return pts(4.4 + 1.1 * np.exp(-np.arange(N) / tau) + noise)
+
+
+def test_annealed_schedule_flat_tail_is_not_underfitting():
+    """An LR annealed to 0 flattens the last 20% of a healthy run: no alarm."""
+    ev = healthy()
+    ev.series["train/loss"] = annealed_loss(tau=25)
+    ev.series["eval/loss"] = pts(np.full(N // 20, 4.41), every=20)
+    feats = features(ev)
+    assert feats["loss_plateau"].value == 1.0 and feats["loss_plateau_long"].value == 0.0
+    assert triage(ev).findings == []
+
+
+def test_underfitting_flat_for_half_the_run():
+    ev = healthy()
+    ev.series["train/loss"] = annealed_loss(tau=8)
+    ev.series["eval/loss"] = pts(np.full(N // 20, 4.41), every=20)
+    diag, first = top(ev)
+    assert first.id == "underfitting"
+    assert first.numbers["loss_rel_drop"] == pytest.approx(0.2, abs=0.01)
+    assert [f.id for f in diag.findings] == ["underfitting"]
+
+
+def test_embedding_growth_from_a_tiny_init_is_not_an_explosion():
+    ev = healthy()
+    p = np.arange(N // PROBE)
+    ev.series["param/embedding_rms"] = pts(1e-5 * (1 + 49 * p / p[-1]), PROBE)
+    assert features(ev)["embedding_rms_growth"].value > 40
+    assert triage(ev).findings == []
+    ev.series["param/embedding_rms"] = pts(0.02 * (1 + 19 * p / p[-1]), PROBE)
+    diag, first = top(ev)
+    assert first.id == "embedding_norm_explosion"
+    assert first.numbers["embedding_rms_last"] == pytest.approx(0.4, rel=0.05)
+
+
+def test_lr_too_high_oscillating_loss():
+    ev = healthy()
+    rng = np.random.default_rng(7)
+    level = np.linspace(4.6, 3.9, N)
+    ev.series["train/loss"] = pts(level + rng.normal(0, 0.6, N))
+    diag, first = top(ev)
+    assert first.id == "lr_too_high_oscillation"
+    assert diag.question == "Q1" and first.group == "training dynamics"
+    assert first.numbers["loss_oscillation"] > 0.1
+    assert first.severity == pytest.approx(first.numbers["loss_oscillation"] / 0.05)
+    assert "lr_down_10x" in first.cards
+
+
+def test_diverged_run_without_probes_is_numerical_instability():
+    ev = healthy()
+    drop_probes(ev)
+    loss = [v for _, v in ev.series["train/loss"][:120]]
+    loss += [loss[-1] * 1.5**k for k in range(1, 10)] + [math.nan]
+    ev.series["train/loss"] = pts(loss)
+    ev.tags["hyprun.outcome"] = "diverged"
+    diag, first = top(ev)
+    assert first.id == "numerical_instability"
+    assert first.numbers["diverged"] == 1.0
+    obvious = {o["id"]: o for o in diag.obvious}
+    assert obvious["no_nan_inf"]["status"] == "fail"
+    assert obvious["no_nan_inf"]["numbers"]["nonfinite_count"] == 1.0
+
+
+def test_diverged_with_huge_updates_is_lr_too_high_and_hides_the_generic_row():
+    ev = healthy()
+    ev.tags["hyprun.outcome"] = "diverged"
+    ev.series["train/loss"][-1] = (ev.series["train/loss"][-1][0], math.inf)
+    ev.series["param/update_ratio"] = [(s, 0.5) for s, _ in ev.series["param/update_ratio"]]
+    diag, first = top(ev)
+    assert first.id == "lr_too_high_diverged"
+    assert first.numbers["update_ratio_median"] == pytest.approx(0.5)
+    assert first.severity == pytest.approx(5.0)
+    assert "numerical_instability" not in [f.id for f in diag.findings]
+
+
+def test_nan_module_names_the_module():
+    ev = healthy()
+    ev.tags.update({"hyprun.outcome": "diverged", "hyprun.nan_module": "blocks.1.mlp.fc"})
+    ev.series["train/loss"].append((ev.series["train/loss"][-1][0] + TOK, math.nan))
+    diag, first = top(ev)
+    assert first.id == "nan_in_module"
+    assert first.numbers["nan_module"] == "blocks.1.mlp.fc"
+    assert "blocks.1.mlp.fc" in first.evidence and "blocks.1.mlp.fc" in first.cause
+    assert "numerical_instability" not in [f.id for f in diag.findings]
+    assert {o["id"]: o["status"] for o in diag.obvious}["no_nan_inf"] == "fail"
+
+
+def test_lr_near_zero_flat_loss_normal_grads_tiny_updates():
+    ev = healthy()
+    rng = np.random.default_rng(3)
+    ev.config["optim"]["lr"] = 1e-9
+    ev.series["train/lr"] = pts(np.full(N, 1e-9))
+    ev.series["train/loss"] = pts(5.52 + rng.normal(0, 0.01, N))
+    ev.series["eval/loss"] = pts(np.full(N // 20, 5.53), every=20)
+    ev.series["param/update_ratio"] = [(s, 1e-9) for s, _ in ev.series["param/update_ratio"]]
+    ev.series["param/dist_from_init"] = [(s, 1e-7) for s, _ in ev.series["param/dist_from_init"]]
+    diag, first = top(ev)
+    assert first.id == "lr_too_low"
+    assert first.numbers["loss_plateau"] == 1.0
+    assert first.numbers["update_ratio_median"] == pytest.approx(1e-9)
+    assert first.severity == pytest.approx(1e4)
+    assert "loss_flat" not in [f.id for f in diag.findings]  # the generic row yields
+    assert {o["id"]: o["status"] for o in diag.obvious}["lr_reasonable"] == "fail"
+
+
+def test_vanishing_gradients_in_early_blocks():
+    ev = healthy()
+    for b, scale in enumerate([1e-6, 1e-5, 0.05, 0.3]):
+        key = f"grad/norm/blocks.{b}"
+        ev.series[key] = [(s, scale) for s, _ in ev.series[key]]
+    rng = np.random.default_rng(4)
+    ev.series["train/loss"] = pts(5.0 + 0.5 * np.exp(-np.arange(N) / 10) + rng.normal(0, 0.01, N))
+    ev.series["eval/loss"] = pts(np.full(N // 20, 5.02), every=20)
+    diag, first = top(ev)
+    assert first.id == "vanishing_early_layers"
+    assert first.numbers["grad_layer_ratio"] == pytest.approx(1e-6 / 0.3)
+    assert any("weakest blocks.0" in d for d in first.details)
+    assert "underfitting" not in [f.id for f in diag.findings]
+
+
+def test_input_bound_is_q3_and_io_first():
+    ev = healthy()
+    rng = np.random.default_rng(5)
+    ev.series["perf/data_wait_frac"] = pts(np.clip(0.7 + rng.normal(0, 0.01, N), 0, 1))
+    ev.series["perf/mfu"] = pts(0.12 + rng.normal(0, 0.005, N))
+    diag, first = top(ev)
+    assert diag.question == "Q3"
+    assert first.id == "input_bound" and first.group == "data pipeline"
+    assert first.numbers["data_wait_frac"] == pytest.approx(0.7, abs=0.01)
+    assert first.numbers["mfu"] == pytest.approx(0.12, abs=0.01)  # shown for context
+    assert "loader_workers" in first.cards
+    assert "low_mfu_backend" not in [f.id for f in diag.findings]
+
+
+def test_low_mfu_without_data_wait_is_backend():
+    ev = healthy()
+    ev.series["perf/mfu"] = [(s, 0.05) for s, _ in ev.series["perf/mfu"]]
+    diag, first = top(ev)
+    assert first.id == "low_mfu_backend" and diag.question == "Q3"
+    assert first.severity == pytest.approx(4.0)
+
+
+def test_low_mfu_on_a_cpu_is_not_judged():
+    ev = healthy()
+    ev.tags["hyprun.device"] = "cpu"
+    ev.series["perf/mfu"] = [(s, 0.05) for s, _ in ev.series["perf/mfu"]]
+    assert triage(ev).findings == []
+
+
+def test_lr_warning_with_runaway_weights_is_lr_too_high():
+    ev = healthy()
+    ev.static[1] = {"id": "lr_plausible", "status": "warn", "value": 0.1, "threshold": 3e-3,
+                    "why": "LR above the usual band", "question": "Q1"}  # fmt: skip
+    p = np.arange(N // PROBE)
+    ev.series["param/dist_from_init"] = pts(6.0 * (p + 1) / p.size, PROBE)
+    ev.series["attn/entropy/blocks.0"] = pts(0.9 * np.exp(-p / 3) + 0.005, PROBE)
+    diag, first = top(ev)
+    assert first.id == "lr_high_with_drift"
+    assert first.numbers["dist_from_init_last"] == pytest.approx(6.0)
+    assert first.severity == pytest.approx(3.0)  # min(6/2, 0.1/3e-3)
+    assert [f.id for f in diag.findings][1:] == ["attention_collapse", "drift_from_init"]
+
+
+def test_attention_collapse():
+    ev = healthy()
+    p = np.arange(N // PROBE)
+    ev.series["attn/entropy/blocks.2"] = pts(0.9 * np.exp(-p / 5) + 0.03, PROBE)
+    diag, first = top(ev)
+    assert first.id == "attention_collapse" and first.group == "architecture"
+    assert first.numbers["attn_entropy_min"] == pytest.approx(0.03, abs=0.005)
+    assert any("blocks.2" in d for d in first.details)
+    assert "attn_temperature" in first.cards
+
+
+def test_moe_expert_collapse():
+    ev = healthy()
+    p = np.arange(N // PROBE)
+    ev.series["moe/imbalance/blocks.1"] = pts(1.2 + 2.4 * (1 - np.exp(-p / 4)), PROBE)
+    diag, first = top(ev)
+    assert first.id == "moe_expert_collapse" and first.question == "Q2"
+    assert first.numbers["moe_imbalance_max"] == pytest.approx(3.6, abs=0.05)
+    assert any("balance (mean/max) 0.28" in d for d in first.details)
+
+
+def test_duplicates_as_diag_static_reports_them():
+    """diag/static.py writes a prose threshold: severity then follows the status."""
+    ev = healthy()
+    ev.static[0] = {"id": "duplicates", "status": "fail", "value": 0.3,
+                    "threshold": "exact duplicates <= 1% (fail > 10%) of 8192 sampled rows",
+                    "why": "repeated sequences are seen many times", "question": "Q2"}  # fmt: skip
+    ev.static.append({"id": "loader", "status": "warn", "value": 0, "threshold": "workers >= 1",
+                      "why": "set data.loader.num_workers >= 1", "question": "Q3"})  # fmt: skip
+    diag, first = top(ev)
+    assert [f.id for f in diag.findings] == ["duplicates"]
+    assert first.severity == 2.0 and first.numbers["static.duplicates"] == 0.3
+    assert "fail > 10%" in first.details[0]
+    assert {o["id"]: o["status"] for o in diag.obvious}["labels_fed"] == "fail"
+
+
+def test_duplicates_from_a_static_check_rank_first_with_numbers():
+    ev = healthy()
+    ev.static[0] = {"id": "duplicates", "status": "warn", "value": 0.05, "threshold": 0.01,
+                    "why": "repeated sequences", "question": "Q2"}  # fmt: skip
+    diag, first = top(ev)
+    assert first.id == "duplicates" and first.question == "Q2"
+    assert first.numbers["static.duplicates"] == 0.05
+    assert first.severity == pytest.approx(5.0)
+    assert first.evidence.startswith("0.05 of the training sequences")
+    assert [f.id for f in diag.findings] == ["duplicates"]
+
+
+@pytest.mark.parametrize(("lr", "row"), [(0.0, "lr_zero_config"), (0.3, "lr_too_high_config")])
+def test_failed_static_check_outranks_convergence_rows(lr, row):
+    ev = healthy()
+    ev.static[1] = {"id": "lr_plausible", "status": "fail", "value": lr,
+                    "threshold": "0 < lr <= 0.1; usual 1e-5 <= lr <= 3e-3", "why": "LR",
+                    "question": "Q1"}  # fmt: skip
+    ev.series["perf/mfu"] = [(s, 0.3) for s, _ in ev.series["perf/mfu"]]
+    diag, first = top(ev)
+    assert [f.id for f in diag.findings] == [row, "mfu_memory_or_overlap"]
+    assert first.numbers["static.lr_plausible"] == lr
+    assert {o["id"]: o["status"] for o in diag.obvious}["labels_fed"] == "fail"
+
+
+def test_unknown_failed_static_check_still_reported():
+    ev = healthy()
+    ev.static.append({"id": "mystery", "status": "fail", "value": 8, "threshold": 2,
+                      "why": "something off", "question": "Q3"})  # fmt: skip
+    diag, first = top(ev)
+    assert first.id == "static.mystery" and first.question == "Q3"
+    assert first.severity == pytest.approx(4.0)
+
+
+def test_loss_spikes_are_an_early_signal():
+    ev = healthy()
+    loss = ev.series["train/loss"]
+    loss[150] = (loss[150][0], loss[150][1] * 3)
+    diag, first = top(ev)
+    assert first.id == "loss_spikes" and first.question == "Q2"
+    assert first.numbers["loss_spikes"] == 1.0
+    assert str(loss[150][0]) in first.details[0]
+
+
+def test_diagnosis_is_json_ready():
+    ev = healthy()
+    ev.tags["hyprun.nan_module"] = "blocks.0.attn"
+    ev.series["train/loss"].append((10**9, math.nan))
+    check = {"id": "np_check", "status": "warn", "value": np.float32(0.5), "question": "Q3"}
+    ev.static.append({**check, "threshold": np.int64(2), "why": "numpy scalars"})
+    data = json.loads(json.dumps(triage(ev).to_dict(), allow_nan=False))
+    assert data["features"]["static.np_check"]["threshold"] == 2
+    assert data["findings"][0]["id"] == "nan_in_module"
+    assert data["features"]["nan_module"]["value"] == "blocks.0.attn"
+    back = Evidence.from_dict(json.loads(json.dumps(ev.to_dict(), allow_nan=False)))
+    assert back.tags == ev.tags and math.isnan(back.series["train/loss"][-1][1])
+    assert back.static[-1]["threshold"] == 2
+
+
+# ------------------------------------------------------------------ features
+
+
+REQUIRED_FEATURES = [
+    "loss_plateau",
+    "loss_descending",
+    "loss_oscillation",
+    "loss_rel_drop",
+    "diverged",
+    "nan_module",
+    "grad_norm_median",
+    "grad_norm_max_over_median",
+    "grad_layer_ratio",
+    "update_ratio_median",
+    "dist_from_init_last",
+    "embedding_rms_growth",
+    "attn_entropy_min",
+    "moe_imbalance_max",
+    "write_ratio_max",
+    "loss_spikes",
+    "grad_spikes",
+    "train_eval_gap",
+    "data_wait_frac",
+    "mfu",
+    "comm_frac",
+    "static.duplicates",
+    "static.lr_plausible",
+]
+
+
+def test_feature_names_as_promised():
+    feats = features(healthy())
+    assert set(REQUIRED_FEATURES) <= set(feats)
+    assert feats["static.duplicates"].status == "pass"
+    assert feats["static.duplicates"].threshold == 0.01
+    assert feats["nan_module"].value is None
+    assert feats["embedding_rms_growth"].value == pytest.approx(2.5, rel=0.05)
+
+
+def test_missing_series_means_missing_feature():
+    ev = healthy()
+    drop_probes(ev)
+    feats = features(ev)
+    for name in ("grad_norm_median", "grad_layer_ratio", "attn_entropy_min", "mfu"):
+        assert name not in feats
+    assert holds(Condition("grad_norm_median", "<", 1e-4), feats) is None
+
+
+def test_every_table_feature_exists():
+    """A typo in a table's feature name would silently never fire."""
+    ev = healthy()
+    ev.series["perf/comm_frac"] = ev.series.get("perf/comm_frac", [])
+    names = set(features(ev)) | {"loss_last", "peak_mem_gb"}
+    for row in load_tables():
+        for cond in row.when:
+            if not cond.feature.startswith("static."):
+                assert cond.feature in names, (row.id, cond.feature)
+    for check in load_obvious():
+        for cond in check.when:
+            assert cond.feature in names | {"static_fail_count"}, (check.id, cond.feature)
+
+
+# ------------------------------------------------------------------ series
+
+
+def test_trend_classifies_plateau_descending_rising():
+    rng = np.random.default_rng(0)
+    x = np.arange(100)
+    flat = S.trend(pts(2.0 + rng.normal(0, 0.05, 100)))
+    assert flat.kind == "plateau" and abs(flat.t) <= 2
+    down = S.trend(pts(3.0 - 0.002 * x + rng.normal(0, 0.005, 100)))
+    assert down.kind == "descending" and down.slope == pytest.approx(-0.002 / TOK, rel=0.1)
+    up = S.trend(pts(3.0 + 0.002 * x + rng.normal(0, 0.005, 100)))
+    assert up.kind == "rising"
+    # the same slope buried in noise 100x larger is within noise: mostly a plateau (a 2-sigma
+    # rule still calls about 1 in 20 noise tails a trend)
+    kinds = [
+        S.trend(pts(3.0 - 0.002 * x + np.random.default_rng(s).normal(0, 0.5, 100))).kind
+        for s in range(40)
+    ]
+    assert kinds.count("plateau") >= 34
+
+
+def test_trend_smoothed_noise_is_not_a_trend():
+    """A window-mean loss has correlated neighbours; the standard error must widen for that."""
+    calls = 0
+    for seed in range(20):
+        white = np.random.default_rng(seed).normal(0, 0.05, 400)
+        smooth = np.convolve(white, np.ones(10) / 10, mode="valid")
+        tr = S.trend(pts(2.0 + smooth))
+        assert tr.autocorr > 0.5
+        calls += tr.kind != "plateau"
+    assert calls <= 4
+
+
+def test_trend_and_oscillation_need_enough_points():
+    assert S.trend(pts([3.0, 2.9, 2.8])).kind == "insufficient"
+    assert S.oscillation(pts([3.0, 2.9, 2.8])) is None
+    assert S.trend([]).kind == "insufficient"
+
+
+def test_oscillation_separates_wild_from_quiet():
+    rng = np.random.default_rng(1)
+    i = np.arange(N)
+    good = 1.4 + 4.1 * (1 + i / 8) ** -0.8 + rng.normal(0, 0.01, N)
+    flat = 5.5 + rng.normal(0, 0.01, N)
+    wild = np.linspace(4.6, 3.9, N) + rng.normal(0, 0.6, N)
+    assert S.oscillation(pts(good)) < 0.01
+    assert S.oscillation(pts(flat)) < 0.01
+    assert S.oscillation(pts(wild)) > 0.1
+
+
+def test_series_helpers():
+    p = pts([1.0, math.nan, 2.0, 4.0])
+    assert S.count_nonfinite(p) == 1
+    assert S.first(p) == 1.0 and S.last(p) == 4.0
+    assert S.last_over_first(p) == pytest.approx(2.0)  # tail median of the last 3 finite points
+    assert S.max_after(pts([100.0] + [1.0] * 20), 0.1) == 1.0
+
+
+# ------------------------------------------------------------------ spikes
+
+
+def test_spike_detector_online_equals_offline():
+    rng = np.random.default_rng(0)
+    for trial in range(5):
+        values = list(np.exp(rng.normal(0, 0.3, 600)) + 0.01 * np.arange(600))
+        for k in rng.integers(20, 600, 6):
+            values[k] *= rng.choice([3.0, 15.0])
+        values[300] = math.nan
+        kwargs = dict(window=64 if trial % 2 else 128, sigmas=4.0 + trial, ratio=10.0)
+        det = SpikeDetector(**kwargs)
+        online = [i for i, v in enumerate(values) if det.update(v)]
+        assert online == find_spikes(values, **kwargs)
+        assert 300 in online and det.count == len(online)
+
+
+def test_six_sigma_rule():
+    history = [1.0 + 0.01 * (-1) ** i for i in range(40)]  # mean 1, std 0.01
+    only_sigma = SpikeDetector(ratio=1e9)
+    only_ratio = SpikeDetector(sigmas=1e9)
+    for v in history:
+        assert not only_sigma.update(v) and not only_ratio.update(v)
+    assert only_sigma.update(1.1)  # 10 sigma above, far below 10x
+    assert not only_ratio.update(1.1)
+    assert only_sigma.score == pytest.approx(10.0, rel=0.01)
+    assert not only_sigma.update(1.05)  # 5 sigma: not a spike
+    assert find_spikes([*history, 1.1, 1.05], ratio=1e9) == [40]
+
+
+def test_ten_x_moving_average_rule():
+    history = [0.01] * 12 + [1.0] * 4  # mean 0.2575, std 0.43: 6 sigma reaches 2.84
+    only_sigma = SpikeDetector(ratio=1e9)
+    default = SpikeDetector()
+    for v in history:
+        only_sigma.update(v)
+        default.update(v)
+    assert not only_sigma.update(2.7)  # under mean + 6 sigma
+    assert default.update(2.7)  # but over 10x the moving average 0.2575
+    assert find_spikes([*history, 2.7]) == [16]
+    assert find_spikes([*history, 2.7], ratio=1e9) == []
+
+
+def test_spikes_stay_out_of_the_baseline():
+    det = SpikeDetector(min_history=16)
+    for _ in range(20):
+        det.update(1.0)
+    mean = det.mean
+    assert det.update(50.0) and det.update(50.0)
+    assert det.mean == mean and det.count == 2
+
+
+def test_sliding_window_statistics_are_exact():
+    rng = np.random.default_rng(2)
+    det = SpikeDetector(window=32, sigmas=1e9, ratio=1e9)
+    values = rng.normal(100.0, 1.0, 500)
+    for v in values:
+        det.update(float(v))
+    assert det.mean == pytest.approx(values[-32:].mean(), rel=1e-12)
+    assert det.std == pytest.approx(values[-32:].std(), rel=1e-9)
+
+
+# ------------------------------------------------------------------ tables
+
+
+ROW = """
+patterns:
+  - id: my_row
+    table: Loss not decreasing
+    group: training dynamics
+    question: Q1
+    evidence: e
+    cause: c
+    first_action: a
+    cards: [x]
+    when:
+      - {feature: loss_plateau, op: "==", threshold: 1}
+"""
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    (tmp_path / "rows.yaml").write_text(text)
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "message"),
+    [
+        ("cards: [x]", "cards: [x]\n    colour: red", "unknown key 'colour'"),
+        ('op: "=="', 'op: "~="', "unknown op '~='"),
+        ("    cause: c\n", "", "missing field 'cause'"),
+        ('op: "==", threshold: 1', 'op: "<", threshold: 1e-5', "needs a number"),
+        ("group: training dynamics", "group: vibes", "unknown group 'vibes'"),
+        ("question: Q1", "question: Q4", "unknown question 'Q4'"),
+        ("threshold: 1}", "treshold: 1}", "unknown key 'treshold' in when[0]"),
+        ("cards: [x]", "cards: [x]\n    unless: [nope]", "unless names unknown row 'nope'"),
+    ],
+)
+def test_table_loading_errors_name_file_row_and_fix(tmp_path, before, after, message):
+    assert before in ROW
+    folder = write(tmp_path, ROW.replace(before, after))
+    with pytest.raises(ValueError) as err:
+        load_tables(folder)
+    text = str(err.value)
+    assert message in text and "rows.yaml" in text and "'my_row'" in text
+    assert "\n" not in text and ";" in text  # one line, with the fix after the problem
+
+
+def test_duplicate_ids_and_bad_yaml(tmp_path):
+    (tmp_path / "a.yaml").write_text(ROW)
+    (tmp_path / "b.yaml").write_text(ROW)
+    with pytest.raises(ValueError, match="duplicate id"):
+        load_tables(tmp_path)
+    (tmp_path / "b.yaml").write_text("patterns: [\n")
+    with pytest.raises(ValueError, match="not valid YAML"):
+        load_tables(tmp_path)
+
+
+def test_non_table_yaml_is_skipped_and_user_rows_fire(tmp_path):
+    (tmp_path / "hardware.yaml").write_text("peaks:\n  - match: H100\n")
+    write(tmp_path, ROW)
+    assert [r.id for r in load_tables(tmp_path)] == ["my_row"]
+    ev = healthy()
+    ev.series["train/loss"] = pts(2.0 + np.random.default_rng(0).normal(0, 0.01, N))
+    assert [f.id for f in triage(ev, tmp_path).findings] == ["my_row"]
+    assert triage(healthy(), tmp_path).obvious == []
+
+
+def test_shipped_tables_load():
+    rows = load_tables(TABLES_DIR)
+    ids = {r.id for r in rows}
+    assert {"lr_too_low", "input_bound", "attention_collapse", "duplicates"} <= ids
+    assert {r.question for r in rows} == {"Q1", "Q2", "Q3"}
+    assert all(r.cards for r in rows)
+
+
+def test_diag_triage_is_pure():
+    """diag computes; it must not pull in the training stack."""
+    code = (
+        "import sys, diag.triage, diag.spikes\n"
+        "bad = {m.split('.')[0] for m in sys.modules} & "
+        "{'torch', 'mlflow', 'hydra', 'deepspeed', 'runner'}\n"
+        "print(sorted(bad))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
