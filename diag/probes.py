@@ -8,6 +8,7 @@ a probed forward pass, and the model's own capture switches are off otherwise.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -26,14 +27,19 @@ def group_of(name: str, depth_of_blocks: int = 2) -> str:
 
 
 def grouped_norms(named: Iterable[tuple[str, torch.Tensor]]) -> tuple[float, dict[str, float]]:
-    """(global L2 norm, L2 norm per module group) of named tensors, in float64 for exactness."""
-    squares: dict[str, torch.Tensor] = {}
-    for name, tensor in named:
-        sq = tensor.detach().double().pow(2).sum()
+    """(global L2 norm, L2 norm per module group) of named tensors. One fused norm kernel for
+    all tensors and one device sync; squares are summed in float64."""
+    items = list(named)
+    if not items:
+        return 0.0, {}
+    names, tensors = zip(*items, strict=True)
+    norms = torch.stack(torch._foreach_norm([t.detach() for t in tensors])).double().tolist()
+    squares: dict[str, float] = {}
+    for name, norm in zip(names, norms, strict=True):
         key = group_of(name)
-        squares[key] = squares[key] + sq if key in squares else sq
-    total = math.sqrt(sum(float(v) for v in squares.values()))
-    return total, {k: math.sqrt(float(v)) for k, v in squares.items()}
+        squares[key] = squares.get(key, 0.0) + norm * norm
+    total = math.sqrt(sum(squares.values()))
+    return total, {k: math.sqrt(v) for k, v in squares.items()}
 
 
 def has_nonfinite(tensors: Iterable[torch.Tensor]) -> bool:
@@ -139,3 +145,47 @@ def first_nonfinite_module(model: nn.Module, forward) -> str | None:
         for handle in handles:
             handle.remove()
     return first[0] if first else None
+
+
+@dataclass
+class LayerTimes:
+    """Seconds spent in each named module, forward and backward, summed over profiled steps."""
+
+    forward: dict[str, float] = field(default_factory=dict)
+    backward: dict[str, float] = field(default_factory=dict)
+
+
+@contextmanager
+def layer_timer(modules: dict[str, nn.Module], sync=lambda: None) -> Iterator[LayerTimes]:
+    """Time each module's forward and backward with hooks (`sync` waits for the device, e.g.
+    torch.cuda.synchronize, so the clock measures the work and not its launch)."""
+    times = LayerTimes()
+    started: dict[tuple[str, str], float] = {}
+    handles = []
+
+    def start(kind: str, name: str):
+        def hook(*_):
+            sync()
+            started[(kind, name)] = time.perf_counter()
+
+        return hook
+
+    def stop(kind: str, name: str, into: dict[str, float]):
+        def hook(*_):
+            sync()
+            into[name] = into.get(name, 0.0) + time.perf_counter() - started.pop((kind, name))
+
+        return hook
+
+    for name, module in modules.items():
+        handles += [
+            module.register_forward_pre_hook(start("f", name)),
+            module.register_forward_hook(stop("f", name, times.forward)),
+            module.register_full_backward_pre_hook(start("b", name)),
+            module.register_full_backward_hook(stop("b", name, times.backward)),
+        ]
+    try:
+        yield times
+    finally:
+        for handle in handles:
+            handle.remove()

@@ -79,6 +79,27 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_profile(args: argparse.Namespace) -> int:
+    """Per-layer forward/backward time of a few steps of the configured model and data."""
+    from rich.table import Table
+
+    from runner.compose import compose
+    from runner.profile import profile_layers
+
+    found = profile_layers(compose(args.overrides), steps=args.steps)
+    if args.json:
+        print(json.dumps(found, indent=2))
+        return 0
+    table = Table(title=f"Per-layer time, mean of {args.steps} steps", title_justify="left")
+    for column in ("module", "forward ms", "backward ms", "share"):
+        table.add_column(column, justify="left" if column == "module" else "right")
+    for name, row in sorted(found.items(), key=lambda item: -item[1]["share"]):
+        table.add_row(name, f"{row['forward_ms']:.2f}", f"{row['backward_ms']:.2f}",
+                      f"{row['share']:.0%}")  # fmt: skip
+    Console(highlight=False).print(table)
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="hyprun", description="Diagnose ML training problems by evidence, not guesswork."
@@ -86,12 +107,13 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     commands = {}
     for name, fn in (("train", cmd_train), ("demo", cmd_demo), ("check", cmd_check),
-                     ("diagnose", cmd_diagnose)):  # fmt: skip
+                     ("diagnose", cmd_diagnose), ("profile", cmd_profile)):  # fmt: skip
         commands[name] = sub.add_parser(
             name, help=fn.__doc__.splitlines()[0], description=fn.__doc__
         )
         commands[name].set_defaults(fn=fn)
-    for name in ("train", "demo", "check"):
+    commands["profile"].add_argument("--steps", type=int, default=5, help="steps to time")
+    for name in ("train", "demo", "check", "profile"):
         commands[name].add_argument(
             "overrides", nargs="*", help="Hydra overrides, e.g. optim.lr=3e-4"
         )
@@ -104,7 +126,7 @@ def parser() -> argparse.ArgumentParser:
     diagnose.add_argument("--run", help="MLflow run id (default: the newest finished run)")
     diagnose.add_argument("--experiment", help="MLflow experiment (default: the config's)")
     diagnose.add_argument("--uri", help="MLflow tracking URI (default: the config's)")
-    for name in ("check", "diagnose"):
+    for name in ("check", "diagnose", "profile"):
         commands[name].add_argument("--json", action="store_true", help="machine-readable output")
     return p
 

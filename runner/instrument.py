@@ -15,11 +15,11 @@ from contextlib import ExitStack, contextmanager
 from functools import lru_cache
 
 import torch
-from diag.spikes import SpikeDetector
 from omegaconf import DictConfig
 
 from diag import probes
 from diag.efficiency import device_peak, mfu
+from diag.spikes import SpikeDetector
 
 
 def full_grad(param: torch.nn.Parameter) -> torch.Tensor | None:
@@ -47,6 +47,7 @@ class Instruments:
         self.loss_spikes = SpikeDetector()
         self.grad_spikes = SpikeDetector()
         self.initial = self._params_on_cpu() if cfg.every_steps and cfg.parameters else None
+        self.initial_norm = probes.grouped_norms(self.initial.items())[0] if self.initial else 0.0
         self._before: dict[str, torch.Tensor] = {}
 
     def probing(self, step: int) -> bool:
@@ -91,18 +92,22 @@ class Instruments:
         """After the step: parameter norm, update/parameter ratio, distance from init."""
         if not self.cfg.parameters or not self._before:
             return {}
-        now = {n: full_param(p).detach().float() for n, p in self.named}
-        norm, _ = probes.grouped_norms(now.items())
-        delta, _ = probes.grouped_norms((n, now[n] - self._before[n]) for n in now)
-        initial = {n: t.to(now[n].device) for n, t in self.initial.items()}
-        moved, _ = probes.grouped_norms((n, now[n] - initial[n]) for n in now)
-        start, _ = probes.grouped_norms(self.initial.items())
+        names = [n for n, _ in self.named]
+        now = [full_param(p).detach().float() for _, p in self.named]
+        device = now[0].device
+        delta = torch._foreach_sub(now, [self._before[n] for n in names])
+        moved = torch._foreach_sub(now, [self.initial[n].to(device) for n in names])
+        norm, _ = probes.grouped_norms(zip(names, now, strict=True))
+        step, _ = probes.grouped_norms(zip(names, delta, strict=True))
+        drift, _ = probes.grouped_norms(zip(names, moved, strict=True))
         metrics = {
             "param/norm": norm,
-            "param/update_ratio": delta / max(norm, 1e-12),
-            "param/dist_from_init": moved / max(start, 1e-12),
+            "param/update_ratio": step / max(norm, 1e-12),
+            "param/dist_from_init": drift / max(self.initial_norm, 1e-12),
         }
-        embedding = next((t for n, t in now.items() if n.startswith("tok_emb")), None)
+        embedding = next(
+            (t for n, t in zip(names, now, strict=True) if n.startswith("tok_emb")), None
+        )
         if embedding is not None:
             metrics["param/embedding_rms"] = float(embedding.pow(2).mean().sqrt())
         self._before = {}
@@ -112,7 +117,8 @@ class Instruments:
         """Per logged loss: spike flags (6 sigma over the last 128, or 10x the moving average)."""
         if not self.cfg.spikes or not math.isfinite(value):
             return {}
-        return {"anomaly/loss_spike": float(self.loss_spikes.update(value))}
+        spike = self.loss_spikes.update(value)
+        return {"anomaly/loss_spike": float(spike), "anomaly/spike_score": self.loss_spikes.score}
 
     def efficiency(self, tokens_per_s: float) -> dict[str, float]:
         """MFU against the device peak (all processes together), and peak memory."""

@@ -66,7 +66,6 @@ class Plan:
             ckpt_every_steps=steps(cfg.checkpoint.every_tokens),
         )
 
-
     @staticmethod
     def due(every: int, done: int) -> bool:
         """Whether an `every`-steps event (0 = never) falls after step `done`."""

@@ -59,7 +59,7 @@ def test_probes_report_every_statistic(workdir):
     assert 0 < last("param/dist_from_init") < 1
     assert last("param/norm") > 0 and last("param/embedding_rms") > 0
     assert 0 < last("perf/mfu") < 1.5 and last("perf/peak_mem_gb") > 0
-    assert last("anomaly/loss_spike") in (0.0, 1.0)
+    assert last("anomaly/loss_spike") in (0.0, 1.0) and last("anomaly/spike_score") >= 0
 
 
 def test_probes_off_log_no_probe_metrics(workdir):
@@ -81,3 +81,14 @@ def test_nan_is_traced_to_the_module_that_made_it(workdir):
     assert tags["hyprun.outcome"] == "diverged"
     assert tags["hyprun.nan_module"] == "blocks.1.mlp.fc"
     assert math.isnan(metric_history(cfg.tracking.uri, result.run_id, "train/loss")[-1][1])
+
+
+def test_layer_profile_decomposes_a_step(workdir):
+    from runner.compose import compose
+    from runner.profile import profile_layers
+
+    found = profile_layers(compose(["model.n_layer=3"]), steps=2, warmup=1)
+    assert {"blocks.0", "blocks.1", "blocks.2", "lm_head"} <= found.keys()
+    assert all(found[f"blocks.{i}"]["forward_ms"] > 0 for i in range(3))
+    assert all(found[f"blocks.{i}"]["backward_ms"] > 0 for i in range(3))
+    assert sum(row["share"] for row in found.values()) == pytest.approx(1.0)

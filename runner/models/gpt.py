@@ -100,8 +100,9 @@ class CausalSelfAttention(nn.Module):
 
     Setting ``capture_heads > 0`` makes each forward also store ``last_entropy``: the mean
     normalised entropy of the explicit softmax attention of the first ``capture_heads`` heads
-    on at most ``capture_rows`` query rows. The probe is computed on the side under no_grad;
-    the output always comes from SDPA, so switching it on never changes the model.
+    on at most ``capture_rows`` query rows of the first ``capture_batch`` sequences. The probe
+    is computed on the side under no_grad; the output always comes from SDPA, so switching it
+    on never changes the model.
     """
 
     def __init__(self, d_model: int, n_head: int, rope: bool, dropout: float, bias: bool) -> None:
@@ -114,7 +115,8 @@ class CausalSelfAttention(nn.Module):
         self.dropout = dropout
         self.resid_drop = nn.Dropout(dropout)
         self.capture_heads: int = 0
-        self.capture_rows: int = 64
+        self.capture_rows: int = 16
+        self.capture_batch: int = 4
         self.last_entropy: Tensor | None = None
 
     def forward(self, x: Tensor) -> Tensor:
@@ -147,8 +149,9 @@ class CausalSelfAttention(nn.Module):
         if n_rows < 1:
             return torch.full((h,), float("nan"), device=q.device)
         rows = torch.linspace(T - 1, 1, n_rows, device=q.device).round().long().unique()
-        qs = q[:, :h, rows].float()  # [B, h, R, Q]
-        ks = k[:, :h].float()  # [B, h, T, Q]
+        b = self.capture_batch  # a few sequences, heads and rows: a probe, not a second pass
+        qs = q[:b, :h, rows].float()  # [b, h, R, Q]
+        ks = k[:b, :h].float()  # [b, h, T, Q]
         scores = (qs @ ks.transpose(-1, -2)) / math.sqrt(self.head_dim)  # [B, h, R, T]
         keys = torch.arange(T, device=q.device)
         scores = scores.masked_fill(keys[None, :] > rows[:, None], float("-inf"))
