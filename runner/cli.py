@@ -1,10 +1,14 @@
-"""`hyprun`: the command line. Exit codes: 0 ok, 2 refused or bad input, 75 interrupted."""
+"""`hyprun`: the command line.
+
+Exit codes: 0 ok, 2 refused or bad input, 3 escalated, 75 interrupted (rerun to resume).
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+import time
 
 from rich.console import Console
 
@@ -26,17 +30,10 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    """The CPU demo: a controlled baseline job of the tiny GPT on synthetic data, in MLflow."""
-    from runner.compose import compose
-    from runner.train import run
+    """The CPU demo: a planted fault diagnosed, tested and fixed; a data problem that escalates."""
+    from runner.demo import run_demo
 
-    cfg = compose(["budget=short", "checkpoint.resume=never", *args.overrides])
-    cfg.tracking.run_name = "demo baseline"
-    result = run(cfg)
-    console.print(
-        f"\nEvidence recorded in MLflow run {result.run_id} ({cfg.tracking.uri}).\n"
-        f"Look at it:  mlflow ui --backend-store-uri {cfg.tracking.uri}"
-    )
+    run_demo(_store([*args.overrides, "tracking.experiment=hyprun-demo"]), seeds=args.seeds)
     return 0
 
 
@@ -100,20 +97,92 @@ def cmd_profile(args: argparse.Namespace) -> int:
     return 0
 
 
+def _store(overrides: list[str] | None = None):
+    from runner.compose import compose
+    from runner.investigation import Store
+
+    tracking = compose(overrides or []).tracking
+    return Store(tracking.uri, tracking.experiment)
+
+
+def cmd_baseline(args: argparse.Namespace) -> int:
+    """Record a baseline: k seeds of the config as controlled jobs, L0 checks, triage."""
+    from runner.controller import record_baseline
+
+    name = args.investigation or time.strftime("inv-%Y%m%d-%H%M%S")
+    state = record_baseline(_store(args.overrides), name, args.overrides, args.seeds, args.why)
+    console.print(f"baseline of investigation {state.name!r} recorded ({args.seeds} seeds, "
+                  f"parent run {state.run_id}); next: hyprun test CARD --why ...")  # fmt: skip
+    return 0
+
+
+def cmd_test(args: argparse.Namespace) -> int:
+    """Test one hypothesis (a card id or overrides changing one variable) against the baseline."""
+    from runner.controller import test
+
+    return test(_store(), args.investigation, args.hypothesis, args.why).exit_code
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    """Where an investigation stands: baseline, tests, verdicts, strikes."""
+    from rich.table import Table
+
+    state = _store().find(args.investigation)
+    rows = [
+        {"test": f"H{t.number}", "delta": " ".join(t.delta), "card": t.card, "verdict": t.verdict,
+         "reason": t.tags.get("hyprun.reason", ""), "run_id": t.run_id}
+        for t in state.tests
+    ]  # fmt: skip
+    document = {"investigation": state.name, "run_id": state.run_id, "baseline": state.baseline,
+                "strikes": state.strikes, "escalated": state.escalated, "tests": rows}  # fmt: skip
+    if args.json:
+        print(json.dumps(document, indent=2))
+        return 0
+    title = f"{state.name}: {state.strikes} strike(s)" + (" — escalated" if state.escalated else "")
+    table = Table(title=title, title_justify="left")
+    for column in ("test", "delta", "verdict", "reason"):
+        table.add_column(column, overflow="fold")
+    for row in rows:
+        table.add_row(row["test"], row["delta"], row["verdict"], row["reason"])
+    Console(highlight=False).print(table)
+    return 0
+
+
+def cmd_reset(args: argparse.Namespace) -> int:
+    """Record a human decision on an escalated investigation and reopen it."""
+    from runner.controller import reset
+
+    state = reset(_store(), args.investigation, args.by, args.reason)
+    console.print(f"investigation {state.name!r} reopened by {args.by}: {args.reason}")
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="hyprun", description="Diagnose ML training problems by evidence, not guesswork."
     )
     sub = p.add_subparsers(dest="command", required=True)
     commands = {}
-    for name, fn in (("train", cmd_train), ("demo", cmd_demo), ("check", cmd_check),
-                     ("diagnose", cmd_diagnose), ("profile", cmd_profile)):  # fmt: skip
+    handlers = (("train", cmd_train), ("demo", cmd_demo), ("check", cmd_check),
+                ("diagnose", cmd_diagnose), ("profile", cmd_profile), ("baseline", cmd_baseline),
+                ("test", cmd_test), ("status", cmd_status), ("reset", cmd_reset))  # fmt: skip
+    for name, fn in handlers:
         commands[name] = sub.add_parser(
             name, help=fn.__doc__.splitlines()[0], description=fn.__doc__
         )
         commands[name].set_defaults(fn=fn)
     commands["profile"].add_argument("--steps", type=int, default=5, help="steps to time")
-    for name in ("train", "demo", "check", "profile"):
+    commands["reset"].add_argument("--by", required=True, help="who decided")
+    commands["reset"].add_argument("--reason", required=True, help="what was decided and why")
+    for name in ("baseline", "test", "status", "reset"):
+        commands[name].add_argument("--investigation", help="name (default: the newest open one)")
+    commands["baseline"].add_argument("--seeds", type=int, default=3, help="seeds (noise)")
+    commands["demo"].add_argument("--seeds", type=int, default=3, help="seeds per baseline/test")
+    commands["baseline"].add_argument("--why", default="", help="what prompted the investigation")
+    commands["test"].add_argument("hypothesis", nargs="+", help="a card id, or overrides")
+    commands["test"].add_argument("--why", required=True, help="I think [cause] because [evidence]")
+    commands["status"].add_argument("--json", action="store_true", help="machine-readable output")
+    for name in ("train", "demo", "check", "profile", "baseline"):
         commands[name].add_argument(
             "overrides", nargs="*", help="Hydra overrides, e.g. optim.lr=3e-4"
         )

@@ -26,7 +26,7 @@ def compose(overrides: Sequence[str] = (), config_name: str = CONFIG_NAME) -> Di
         else:
             with initialize_config_module(config_module=CONFIG_MODULE, version_base="1.3"):
                 cfg = hydra_compose(config_name, overrides=overrides)
-        OmegaConf.resolve(cfg)
+        OmegaConf.to_container(cfg, resolve=True)  # surface interpolation errors now
         missing = sorted(OmegaConf.missing_keys(cfg))
         if missing:
             raise BadInput(f"{missing[0]} is required: add {missing[0]}=VALUE to the command")

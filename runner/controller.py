@@ -1,0 +1,303 @@
+"""The controller: baselines, one-variable hypothesis tests, verdicts, strikes and escalation.
+
+    hyprun baseline [overrides]          k seeds of the user's config + L0 checks + triage
+    hyprun test CARD | OVERRIDE... --why one variable, the baseline's seeds, a noise-aware verdict
+    hyprun status                        the investigation as its MLflow runs describe it
+
+Jobs run in this process, one after another (importing torch and DeepSpeed costs seconds per
+process; a tiny job takes about as long).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from omegaconf import DictConfig
+from rich.console import Console
+
+from diag.verdict import MetricSpec, compare
+from hypotheses.schema import Card, load_cards
+from runner import provenance
+from runner.checkpoint import config_hash
+from runner.compose import compose
+from runner.delta import Delta, measure
+from runner.errors import BadInput
+from runner.investigation import STRIKES, State, Store
+from runner.train import JobResult, run
+from runner.validate import validate
+
+EXIT_ESCALATED = 3
+DEFAULT_PRIMARY = MetricSpec("eval/loss", "min", 0.01)
+console = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+@dataclass
+class Outcome:
+    """What one `test` decided, for the CLI and the demo."""
+
+    exit_code: int
+    test: str | None = None
+    verdict: dict[str, Any] | None = None
+
+
+def drift_key(overrides: list[str]) -> str:
+    """The config hash a baseline is recorded under (bookkeeping keys excluded)."""
+    return config_hash(compose(overrides), exclude=("checkpoint", "tracking"))
+
+
+def job_config(store: Store, overrides: list[str], seed: int, parent: str, name: str,
+               tags: dict) -> DictConfig:  # fmt: skip
+    """One seed's job, recording into the investigation's store below `parent`."""
+    cfg = compose([*overrides, f"budget.seed={seed}"])
+    validate(cfg)
+    cfg.tracking.uri, cfg.tracking.experiment = store.uri, store.experiment
+    cfg.tracking.parent_run_id = parent
+    cfg.tracking.run_name = name
+    cfg.tracking.tags = {**tags, "hyprun.seed": str(seed)}
+    return cfg
+
+
+def record_baseline(store: Store, name: str, overrides: list[str], seeds: int, why: str) -> State:
+    """Run the baseline's seeds as children of a new investigation, then triage seed 0."""
+    from runner.diagnose import diagnose
+
+    if seeds < 1:
+        raise BadInput(f"--seeds {seeds}: a baseline needs at least one seed (3 measure noise)")
+    validate(compose(overrides))  # refuse bad input before the investigation exists
+    parent = store.create(name, f"Baseline: {' '.join(overrides) or 'defaults'}. {why}".strip())
+    tags = {"hyprun.role": "baseline", "hyprun.investigation": name}
+    results = []
+    for seed in range(seeds):
+        cfg = job_config(store, overrides, seed, parent, f"baseline · seed {seed}", tags)
+        results.append(run(cfg))
+    sha, _ = provenance.git_state()
+    baseline = {
+        "overrides": overrides,
+        "seeds": seeds,
+        "config_hash": drift_key(overrides),
+        "git_sha": sha,
+        "seed_runs": [r.run_id for r in results],
+    }
+    store.tag(parent, {"hyprun.baseline": json.dumps(baseline)})
+    _, document = diagnose(store.uri, results[0].run_id, store.experiment)
+    store.text(parent, json.dumps(document, indent=2, default=str), "diagnosis.json")
+    state = store.find(name)
+    store.note(parent, summary(state, document))
+    return state
+
+
+def choose(argument: list[str], cards: dict[str, Card]) -> tuple[Card | None, list[str]]:
+    """A card id, or overrides."""
+    if len(argument) == 1 and "=" not in argument[0]:
+        card = cards.get(argument[0])
+        if card is None:
+            raise BadInput(
+                f"no hypothesis card {argument[0]!r}: name a card in hypotheses/ "
+                "or give overrides such as optim.lr=3e-4"
+            )
+        return card, list(card.delta)
+    return None, list(argument)
+
+
+def check_drift(state: State) -> None:
+    """A test is only controlled if code and config are those the baseline ran with."""
+    sha, _ = provenance.git_state()
+    recorded = state.baseline
+    if recorded["git_sha"] != sha:
+        raise BadInput(
+            f"the code changed since the baseline (git {recorded['git_sha'][:10]} -> {sha[:10]}): "
+            "comparing across that is not a controlled test; record a new baseline"
+        )
+    if drift_key(recorded["overrides"]) != recorded["config_hash"]:
+        raise BadInput(
+            "the configs changed since the baseline (its composed config hashes differently): "
+            "record a new baseline"
+        )
+
+
+def claim(store: Store, state: State, delta: Delta, card: Card | None, why: str) -> tuple[str, int]:
+    """Create the test's run first, then count: a test only runs if, among the tests that could
+    still become strikes, fewer than the strikes left were claimed before it. Two commands
+    started together both see both claims and agree on their order."""
+    number = len(state.tests) + 1
+    run_id = store.child(state.run_id, f"H{number} {delta.describe()} · running", {
+        "hyprun.role": "test",
+        "hyprun.investigation": state.name,
+        "hyprun.number": str(number),
+        "hyprun.delta": json.dumps(list(delta.overrides)),
+        "hyprun.variable": delta.variable,
+        "hyprun.card": card.id if card else "",
+        "hyprun.verdict": "running",
+        "hyprun.why": why,
+        "hyprun.claimed_ms": str(int(time.time() * 1000)),
+    })  # fmt: skip
+    state = store.refresh(state)
+    mine = next(t for t in state.tests if t.run_id == run_id)
+    order = (mine.started, mine.run_id)
+    ahead = [t for t in state.counted
+             if t.verdict in ("running", "rejected") and (t.started, t.run_id) < order]  # fmt: skip
+    if len(ahead) >= STRIKES:
+        store.tag(run_id, {"hyprun.verdict": "refused"})
+        store.finish(run_id, "KILLED")
+        code = EXIT_ESCALATED if state.escalated else BadInput.exit_code
+        raise Refused(code, f"{len(ahead)} tests ahead could still take the last strikes: "
+                            "wait for them ('hyprun status')")  # fmt: skip
+    return run_id, number
+
+
+class Refused(Exception):
+    def __init__(self, exit_code: int, message: str):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def test(store: Store, name: str | None, argument: list[str], why: str) -> Outcome:
+    """Test one hypothesis against the investigation's baseline."""
+    state = store.find(name)
+    if state.escalated:
+        console.print(f"investigation {state.name!r} is escalated after {state.strikes} "
+                      "rejected hypotheses: read its escalation report")  # fmt: skip
+        return Outcome(EXIT_ESCALATED)
+    if state.baseline is None:
+        raise BadInput(f"investigation {state.name!r} has no baseline: run 'hyprun baseline' first")
+    if not why.strip():
+        raise BadInput("--why is empty: say 'I think [cause] because [evidence]'")
+    check_drift(state)
+    card, overrides = choose(argument, load_cards())
+    baseline_overrides = state.baseline["overrides"]
+    delta = measure(baseline_overrides, overrides)
+    earlier = state.tested(delta.variable, list(delta.overrides))
+    if earlier is not None:
+        raise BadInput(f"{' '.join(delta.overrides)} was tested already as H{earlier.number}: "
+                       f"{earlier.verdict} (run {earlier.run_id})")  # fmt: skip
+    try:
+        test_run, number = claim(store, state, delta, card, why)
+    except Refused as refused:
+        console.print(f"hyprun: {refused}")
+        return Outcome(refused.exit_code)
+
+    primary = _spec(card.primary) if card else DEFAULT_PRIMARY
+    guards = [_spec(g) for g in card.guards] if card else []
+    tags = {"hyprun.role": "test-seed", "hyprun.investigation": state.name}
+    results: list[JobResult] = []
+    try:
+        for seed in range(state.baseline["seeds"]):
+            cfg = job_config(store, [*baseline_overrides, *delta.overrides], seed, test_run,
+                             f"H{number} · seed {seed}", tags)  # fmt: skip
+            results.append(run(cfg))
+    except Exception as error:  # infrastructure, not evidence: no strike
+        store.tag(test_run, {"hyprun.verdict": "error", "hyprun.reason": str(error)[:4000]})
+        store.rename(test_run, f"H{number} {delta.describe()} · error")
+        store.finish(test_run, "FAILED")
+        console.print(f"H{number}: error ({error}); not a strike")
+        return Outcome(1, f"H{number}", {"status": "error"})
+
+    verdict = decide(store, state, results, primary, guards)
+    verdict_tags = {
+        "hyprun.verdict": verdict["status"],
+        "hyprun.strike": str(verdict["status"] == "rejected").lower(),
+        "hyprun.reason": verdict["reason"],
+        "hyprun.effect": verdict["effect"],
+    }
+    if card and card.claimed:
+        verdict_tags["hyprun.claimed"] = card.claimed.effect
+    store.tag(test_run, verdict_tags)
+    store.metrics(test_run, {"effect": verdict["effect"], "noise": verdict["noise"]})
+    store.text(test_run, json.dumps(verdict, indent=2, default=str), "verdict.json")
+    store.rename(test_run, f"H{number} {delta.describe()} · {verdict['status']}")
+    store.finish(test_run)
+    state = store.refresh(state)
+    store.note(state.run_id, summary(state))
+    console.print(f"H{number} {delta.describe()}: {verdict['status']} — {verdict['reason']}")
+    if state.escalated:
+        escalate(store, state)
+    return Outcome(0, f"H{number}", verdict)
+
+
+def decide(store: Store, state: State, results: list[JobResult], primary: MetricSpec,
+           guards: list[MetricSpec]) -> dict[str, Any]:  # fmt: skip
+    """The verdict at matched tokens, from the seed runs' histories in MLflow."""
+    metrics = [primary, *guards]
+    base = {m.metric: _curves(store, state.baseline["seed_runs"], m.metric) for m in metrics}
+    test_runs = [r.run_id for r in results]
+    ours = {m.metric: _curves(store, test_runs, m.metric) for m in metrics}
+    diverged = any(r.status == "diverged" for r in results)
+    verdict = compare(base[primary.metric], ours[primary.metric], primary, guards=guards,
+                      baseline_guards=base, test_guards=ours, diverged=diverged)  # fmt: skip
+    return verdict.to_dict()
+
+
+def escalate(store: Store, state: State) -> str:
+    """Three strikes: stop, and hand a human the evidence and the fundamental questions."""
+    lines = [
+        f"# Escalation: investigation {state.name}",
+        "",
+        f"{state.strikes} hypotheses were rejected. hyprun refuses further tests until a human "
+        "decides (`hyprun reset --by NAME --reason ...`).",
+        "",
+        f"Baseline: `{' '.join(state.baseline['overrides']) or 'defaults'}`, "
+        f"{state.baseline['seeds']} seeds, git {state.baseline['git_sha'][:10]}.",
+        "",
+        "| test | delta | verdict | measured | claimed |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for t in state.tests:
+        measured, claimed = t.tags.get("hyprun.reason", ""), t.tags.get("hyprun.claimed", "")
+        lines.append(
+            f"| H{t.number} | `{' '.join(t.delta)}` | {t.verdict} | {measured} | {claimed} |"
+        )
+    lines += [
+        "",
+        "## Questions for a human",
+        "- Is the architecture appropriate for this task?",
+        "- Is the data sufficient in quality and quantity?",
+        "- Is the training recipe (LR, batch size, optimizer) reasonable?",
+        "- Is this a known-working setup being reproduced, or something new?",
+    ]
+    report = "\n".join(lines) + "\n"
+    store.text(state.run_id, report, "escalation.md")
+    store.tag(state.run_id, {"hyprun.escalated": "true"})
+    console.print(f"[bold red]Escalated[/]: {state.strikes} strikes. Report: escalation.md on run "
+                  f"{state.run_id}")  # fmt: skip
+    return report
+
+
+def reset(store: Store, name: str | None, by: str, reason: str) -> State:
+    """A human's decision after an escalation: recorded on the parent run, strikes start over."""
+    if not by.strip() or not reason.strip():
+        raise BadInput("reset needs --by NAME and --reason TEXT: the decision is recorded")
+    state = store.find_any(name)
+    now = int(time.time() * 1000)
+    record = {"by": by, "reason": reason, "time": now, "strikes_before": state.strikes}
+    store.tag(
+        state.run_id, {f"hyprun.reset.{now}": json.dumps(record), "hyprun.escalated": "false"}
+    )
+    return store.refresh(state)
+
+
+def summary(state: State, diagnosis: dict[str, Any] | None = None) -> str:
+    """The parent run's description: where the investigation stands."""
+    lines = [f"Investigation {state.name}: {state.strikes}/{STRIKES} strikes"
+             + (" — ESCALATED" if state.escalated else "")]  # fmt: skip
+    if diagnosis:
+        top = [f["id"] for f in diagnosis["findings"][:3]]
+        lines.append(f"Question {diagnosis['question']}; findings: {', '.join(top) or 'none'}")
+    for t in state.tests:
+        lines.append(f"H{t.number} {' '.join(t.delta)}: {t.verdict}")
+    return "\n".join(lines)
+
+
+def _spec(metric) -> MetricSpec:
+    return MetricSpec(metric.metric, metric.direction, getattr(metric, "min_effect", 0.0))
+
+
+def _curves(store: Store, run_ids: list[str], metric: str) -> dict[int, list[tuple[int, float]]]:
+    """{seed: history of `metric`} of the given job runs."""
+    curves = {}
+    for run_id in run_ids:
+        seed = int(store.client.get_run(run_id).data.tags.get("hyprun.seed", "0"))
+        curves[seed] = store.history(run_id, metric)
+    return curves

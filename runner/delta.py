@@ -1,0 +1,147 @@
+"""The one-variable rule: what a hypothesis changes, measured on resolved configs.
+
+A hypothesis is a list of Hydra overrides applied on top of the baseline's. Both are composed and
+their trees diffed twice: unresolved (what was *set*) and resolved (what *follows*). A leaf that
+changed only after resolution is derived by interpolation and rides along with its source. The
+independent changes must form one variable: a single leaf, or a single config-group choice with
+its own subtree (`sched=wsd` swaps the whole `sched` node).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+from omegaconf import OmegaConf
+
+from runner.compose import compose
+from runner.errors import BadInput
+
+CONTROLLED = Path(__file__).with_name("controlled.yaml")
+RELATIVE = re.compile(r"^\*(?P<factor>[-+0-9.eE]+)$")
+
+
+@dataclass(frozen=True)
+class Delta:
+    """What a hypothesis changes relative to the baseline."""
+
+    overrides: tuple[str, ...]
+    """The hypothesis's own overrides, with relative values (`*0.1`) made absolute."""
+    variable: str
+    """The one variable: a dotted leaf (`optim.lr`) or a config group (`sched`)."""
+    changes: dict[str, tuple[Any, Any]]
+    """Every changed resolved leaf: key -> (baseline value, hypothesis value)."""
+    derived: tuple[str, ...]
+    """Leaves that changed only through interpolation."""
+
+    def describe(self) -> str:
+        if self.variable in self.changes:
+            before, after = self.changes[self.variable]
+            return f"{self.variable}: {before} -> {after}"
+        return f"{self.variable}: " + " ".join(self.overrides)
+
+
+@lru_cache
+def _rules() -> dict[str, Any]:
+    return yaml.safe_load(CONTROLLED.read_text())
+
+
+def config_groups() -> set[str]:
+    """Names of the config groups (folders of conf/) a `group=choice` override can switch."""
+    from importlib.resources import files
+
+    root = files("conf")
+    return {p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("_")}
+
+
+def resolve_relative(baseline: dict[str, Any], overrides: list[str]) -> list[str]:
+    """`optim.lr=*0.1` -> `optim.lr=<baseline lr x 0.1>`: card deltas relative to the baseline."""
+    resolved = []
+    for override in overrides:
+        key, _, value = override.partition("=")
+        match = RELATIVE.match(value.strip())
+        if match:
+            current = OmegaConf.select(OmegaConf.create(baseline), key.lstrip("+~"))
+            if not isinstance(current, int | float) or isinstance(current, bool):
+                raise BadInput(f"{override}: '*F' scales a number, but {key} is {current!r}")
+            scaled = float(
+                f"{current * float(match['factor']):.6g}"
+            )  # 1e-06, not 1.0000000000000002e-06
+            if isinstance(current, int) and scaled.is_integer():
+                scaled = int(scaled)
+            override = f"{key}={scaled!r}"
+        resolved.append(override)
+    return resolved
+
+
+def measure(baseline_overrides: list[str], hypothesis: list[str]) -> Delta:
+    """The Delta of `hypothesis` on top of the baseline, or BadInput when it is not exactly one
+    uncontrolled variable (the message names every changed key and suggests the split)."""
+    base_cfg = compose(baseline_overrides)
+    base = OmegaConf.to_container(base_cfg, resolve=True)
+    hypothesis = resolve_relative(base, hypothesis)
+    test_cfg = compose([*baseline_overrides, *hypothesis])
+    resolved = _diff(base, OmegaConf.to_container(test_cfg, resolve=True))
+    raw = _diff(
+        OmegaConf.to_container(base_cfg, resolve=False),
+        OmegaConf.to_container(test_cfg, resolve=False),
+    )
+    ignored = tuple(_rules()["ignored"])
+    independent = {k for k in raw if not k.startswith(ignored)}
+    changes = {k: v for k, v in resolved.items() if not k.startswith(ignored)}
+    if not changes:
+        raise BadInput(
+            f"the delta {' '.join(hypothesis)} changes nothing in the resolved config: "
+            "a hypothesis must change one variable"
+        )
+    for rule in _rules()["controlled"]:
+        touched = sorted(k for k in independent if k.startswith(rule["prefix"]))
+        if touched:
+            raise BadInput(
+                f"{', '.join(touched)} is a controlled variable ({rule['why']}): "
+                "a hypothesis may not change it; record a new baseline instead"
+            )
+    variables = _variables(independent, hypothesis)
+    if len(variables) != 1:
+        raise BadInput(
+            f"the delta changes {len(variables)} variables ({', '.join(sorted(variables))}): "
+            "test one at a time, e.g. " + " then ".join(f"'hyprun test {v}'" for v in
+                                                        _split(hypothesis, variables))
+        )  # fmt: skip
+    derived = tuple(sorted(k for k in changes if k not in independent))
+    return Delta(tuple(hypothesis), variables.pop(), changes, derived)
+
+
+def _variables(independent: set[str], hypothesis: list[str]) -> set[str]:
+    """Group choices count once with everything under their node; other leaves count each."""
+    groups = config_groups()
+    chosen = {_key(o) for o in hypothesis if _key(o) in groups}
+    variables = set(chosen)
+    for key in independent:
+        if not any(key == g or key.startswith(g + ".") for g in chosen):
+            variables.add(key)
+    return variables
+
+
+def _split(hypothesis: list[str], variables: set[str]) -> list[str]:
+    """The hypothesis's overrides grouped by the variable each one sets."""
+    by_variable = [o for o in hypothesis if _key(o) in variables]
+    return by_variable or list(hypothesis)
+
+
+def _key(override: str) -> str:
+    return override.partition("=")[0].lstrip("+~")
+
+
+def _diff(a: Any, b: Any, prefix: str = "") -> dict[str, tuple[Any, Any]]:
+    """Changed leaves between two config trees (lists compare as one leaf)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        found: dict[str, tuple[Any, Any]] = {}
+        for key in sorted(set(a) | set(b), key=str):
+            found.update(_diff(a.get(key), b.get(key), f"{prefix}{key}."))
+        return found
+    return {} if a == b else {prefix[:-1]: (a, b)}

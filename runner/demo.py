@@ -1,0 +1,92 @@
+"""`hyprun demo`: the method end to end on a CPU, in a few minutes, against local MLflow.
+
+1. A planted fault (the LR 100x too low): record a baseline, diagnose it, test the cards the
+   findings point to, one at a time, until one is confirmed; then verify that the finding is gone.
+2. A planted data problem (60% of the labels are noise) attacked with the classic plateau
+   report's recipe tweaks: each is rejected, and the third rejection escalates to a human.
+"""
+
+from __future__ import annotations
+
+import time
+
+from rich.console import Console
+from rich.rule import Rule
+
+from hypotheses.schema import cards_for, load_cards
+from runner import controller
+from runner.diagnose import diagnose
+from runner.investigation import Store
+
+COMMON = ["budget.tokens=65536", "budget.eval_every_tokens=16384", "probes.every_steps=4",
+          "checkpoint.resume=never"]  # fmt: skip
+FAULT = ["optim.lr=1e-5"]
+DATA_PROBLEM = ["data.source.label_noise=0.6"]
+REPORT_TWEAKS = ["lr_down_10x", "batch_up", "micro_batch_up"]
+console = Console(highlight=False)
+
+
+def run_demo(store: Store, seeds: int = 3) -> dict[str, str]:
+    """Both investigations; returns their names."""
+    stamp = time.strftime("%H%M%S")
+    fixed = planted_fault(store, f"demo-low-lr-{stamp}", seeds)
+    escalated = data_problem(store, f"demo-noisy-labels-{stamp}", seeds)
+    console.print(Rule("Compare the runs"))
+    console.print(f"mlflow ui --backend-store-uri {store.uri}   (experiment {store.experiment!r})")
+    return {"fixed": fixed, "escalated": escalated}
+
+
+def planted_fault(store: Store, name: str, seeds: int) -> str:
+    console.print(Rule(f"Investigation {name}: loss barely moves"))
+    state = controller.record_baseline(store, name, [*COMMON, *FAULT], seeds, "loss is flat")
+    _, diagnosis = diagnose(store.uri, state.baseline["seed_runs"][0], store.experiment)
+    findings = [f["id"] for f in diagnosis["findings"]]
+    console.print(f"diagnosis: question {diagnosis['question']}, findings {findings}")
+    for card in cards_for(findings, load_cards()):
+        if not _changes_something(state, card.delta):
+            continue
+        outcome = controller.test(store, name, [card.id], card.statement)
+        if outcome.exit_code == controller.EXIT_ESCALATED or outcome.verdict is None:
+            break
+        if outcome.verdict["status"] == "confirmed":
+            verify(store, name, outcome.test)
+            break
+    return name
+
+
+def verify(store: Store, name: str, test_name: str) -> None:
+    """Re-run the checks that failed on the baseline against the confirmed fix's evidence."""
+    state = store.find_any(name)
+    test = next(t for t in state.tests if f"H{t.number}" == test_name)
+    before = diagnose(store.uri, state.baseline["seed_runs"][0], store.experiment)[1]
+    fixed_run = sorted(store.seed_runs(test.run_id), key=lambda r: r.data.tags["hyprun.seed"])[0]
+    after = diagnose(store.uri, fixed_run.info.run_id, store.experiment)[1]
+    gone = {f["id"] for f in before["findings"]} - {f["id"] for f in after["findings"]}
+    console.print(f"verify {test_name}: findings resolved by the fix: {sorted(gone) or 'none'}; "
+                  f"still firing: {[f['id'] for f in after['findings']] or 'none'}")  # fmt: skip
+    store.tag(test.run_id, {"hyprun.verified": ",".join(sorted(gone)) or "none"})
+
+
+def data_problem(store: Store, name: str, seeds: int) -> str:
+    console.print(Rule(f"Investigation {name}: the loss plateaus high"))
+    controller.record_baseline(store, name, [*COMMON, *DATA_PROBLEM], seeds, "plateau")
+    cards = load_cards()
+    for card_id in REPORT_TWEAKS:
+        outcome = controller.test(store, name, [card_id], cards[card_id].statement)
+        if outcome.exit_code == controller.EXIT_ESCALATED:
+            break
+    # One more, to show that an escalated investigation refuses further tests.
+    refused = controller.test(store, name, ["rmsnorm"], cards["rmsnorm"].statement)
+    console.print(f"a fourth test after escalation: exit code {refused.exit_code}")
+    return name
+
+
+def _changes_something(state, delta: tuple[str, ...]) -> bool:
+    from runner.delta import measure
+    from runner.errors import BadInput
+
+    try:
+        measure(state.baseline["overrides"], list(delta))
+    except BadInput:
+        return False
+    return True

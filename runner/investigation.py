@@ -1,0 +1,203 @@
+"""Investigations in MLflow: one parent run each, its children the baseline seeds and the tests.
+
+Nothing here keeps a counter. The state (strikes, escalation, confirmed fix) is derived from the
+children's tags every time it is read, so jobs finishing concurrently cannot corrupt it: the
+worst a race can do is make two readers see the same children.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from mlflow.entities import RunTag
+from mlflow.tracking import MlflowClient
+
+from runner.errors import BadInput
+from runner.tracking import experiment_id
+
+STRIKES = 3
+ROLE, INVESTIGATION = "hyprun.role", "hyprun.investigation"
+
+
+@dataclass
+class Test:
+    """One hypothesis test: a child run of the investigation, its seed jobs below it."""
+
+    run_id: str
+    number: int
+    """H1, H2, ... in order of launch."""
+    delta: list[str]
+    variable: str
+    card: str | None
+    verdict: str
+    """running | confirmed | rejected | inconclusive | error | refused"""
+    started: int
+    tags: dict[str, str]
+
+    @property
+    def strike(self) -> bool:
+        return self.verdict == "rejected"
+
+
+@dataclass
+class State:
+    """An investigation as its MLflow runs describe it now."""
+
+    name: str
+    run_id: str
+    baseline: dict[str, Any] | None
+    """{overrides, seeds, config_hash, git_sha, seed_runs}, or None before `hyprun baseline`."""
+    tests: list[Test] = field(default_factory=list)
+    resets: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def counted(self) -> list[Test]:
+        """Tests since the last human reset: the ones strikes are counted over."""
+        since = self.resets[-1]["time"] if self.resets else 0
+        return [t for t in self.tests if t.started >= since]
+
+    @property
+    def strikes(self) -> int:
+        return sum(t.strike for t in self.counted)
+
+    @property
+    def escalated(self) -> bool:
+        return self.strikes >= STRIKES
+
+    @property
+    def confirmed(self) -> list[Test]:
+        return [t for t in self.tests if t.verdict == "confirmed"]
+
+    def tested(self, variable: str, delta: list[str]) -> Test | None:
+        return next((t for t in self.tests if t.delta == delta and t.verdict != "refused"), None)
+
+
+class Store:
+    """Reads and writes investigations in one MLflow experiment."""
+
+    def __init__(self, uri: str, experiment: str):
+        self.uri, self.experiment = uri, experiment
+        self.client = MlflowClient(tracking_uri=uri)
+
+    def create(self, name: str, description: str) -> str:
+        if self._parent(name) is not None:
+            raise BadInput(f"investigation {name!r} exists already: pick another --investigation")
+        run = self.client.create_run(
+            experiment_id(self.client, self.experiment),
+            run_name=name,
+            tags={ROLE: "investigation", INVESTIGATION: name, "mlflow.note.content": description},
+        )
+        return run.info.run_id
+
+    def find(self, name: str | None) -> State:
+        """The named investigation, or the most recent one that is not escalated."""
+        if name is not None:
+            parent = self._parent(name)
+            if parent is None:
+                raise BadInput(f"no investigation {name!r}: start one with 'hyprun baseline'")
+            return self.state(parent)
+        for parent in self._parents():
+            state = self.state(parent)
+            if not state.escalated:
+                return state
+        raise BadInput("no open investigation: start one with 'hyprun baseline'")
+
+    def find_any(self, name: str | None) -> State:
+        """The named investigation, or the most recent one, escalated or not."""
+        if name is not None:
+            return self.find(name)
+        parents = self._parents()
+        if not parents:
+            raise BadInput("no investigation yet: start one with 'hyprun baseline'")
+        return self.state(parents[0])
+
+    def state(self, parent) -> State:
+        tags = parent.data.tags
+        children = self._children(parent.info.run_id)
+        tests = sorted(
+            (_test(run) for run in children if run.data.tags.get(ROLE) == "test"),
+            key=lambda t: (t.started, t.run_id),
+        )
+        baseline = json.loads(tags["hyprun.baseline"]) if "hyprun.baseline" in tags else None
+        resets = sorted(
+            (json.loads(v) for k, v in tags.items() if k.startswith("hyprun.reset.")),
+            key=lambda r: r["time"],
+        )
+        return State(tags[INVESTIGATION], parent.info.run_id, baseline, tests, resets)
+
+    def refresh(self, state: State) -> State:
+        return self.state(self.client.get_run(state.run_id))
+
+    def child(self, parent_id: str, name: str, tags: dict[str, str]) -> str:
+        run = self.client.create_run(
+            self.client.get_run(parent_id).info.experiment_id,
+            run_name=name,
+            tags={**tags, "mlflow.parentRunId": parent_id},
+        )
+        return run.info.run_id
+
+    def tag(self, run_id: str, tags: dict[str, Any]) -> None:
+        self.client.log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
+
+    def note(self, run_id: str, text: str) -> None:
+        self.tag(run_id, {"mlflow.note.content": text})
+
+    def rename(self, run_id: str, name: str) -> None:
+        self.client.update_run(run_id, name=name)
+
+    def text(self, run_id: str, text: str, path: str) -> None:
+        self.client.log_text(run_id, text, path)
+
+    def metrics(self, run_id: str, values: dict[str, float]) -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        self.client.log_batch(
+            run_id, metrics=[Metric(k, float(v), now, 0) for k, v in values.items()]
+        )
+
+    def finish(self, run_id: str, status: str = "FINISHED") -> None:
+        self.client.set_terminated(run_id, status=status)
+
+    def history(self, run_id: str, key: str) -> list[tuple[int, float]]:
+        return sorted((m.step, m.value) for m in self.client.get_metric_history(run_id, key))
+
+    def seed_runs(self, parent_id: str) -> list:
+        """The job runs directly below `parent_id` (baseline seeds or one test's seeds)."""
+        return [r for r in self._children(parent_id) if "hyprun.seed" in r.data.tags]
+
+    def _parents(self) -> list:
+        found = self.client.get_experiment_by_name(self.experiment)
+        if found is None:
+            return []
+        return self.client.search_runs(
+            [found.experiment_id],
+            filter_string=f"tags.`{ROLE}` = 'investigation'",
+            order_by=["attributes.start_time DESC"],
+        )
+
+    def _parent(self, name: str):
+        return next((r for r in self._parents() if r.data.tags.get(INVESTIGATION) == name), None)
+
+    def _children(self, parent_id: str) -> list:
+        experiment = self.client.get_run(parent_id).info.experiment_id
+        return self.client.search_runs(
+            [experiment], filter_string=f"tags.mlflow.parentRunId = '{parent_id}'", max_results=5000
+        )
+
+
+def _test(run) -> Test:
+    tags = run.data.tags
+    return Test(
+        run_id=run.info.run_id,
+        number=int(tags.get("hyprun.number", "0")),
+        delta=json.loads(tags.get("hyprun.delta", "[]")),
+        variable=tags.get("hyprun.variable", ""),
+        card=tags.get("hyprun.card") or None,
+        verdict=tags.get("hyprun.verdict", "running"),
+        started=int(tags.get("hyprun.claimed_ms", run.info.start_time)),
+        tags=tags,
+    )

@@ -1,0 +1,140 @@
+"""The controller against real jobs and a real MLflow store: refusals, verdicts, strikes,
+escalation, reset, and the claim protocol under concurrency."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from runner import controller
+from runner.cli import main as hyprun
+from runner.controller import Refused, claim, record_baseline
+from runner.delta import measure
+from runner.errors import BadInput
+from runner.investigation import Store
+
+SHORT = ["budget.tokens=16384", "budget.eval_every_tokens=4096", "probes.every_steps=4"]
+WHY = "I think [cause] because [evidence]"
+
+
+@pytest.fixture
+def store(workdir) -> Store:
+    return Store(f"sqlite:///{workdir}/mlflow.db", "hyprun")
+
+
+@pytest.fixture
+def low_lr(store: Store, workdir):
+    """An investigation whose baseline trains with an LR 100x too low (2 seeds)."""
+    overrides = [*SHORT, "optim.lr=1e-5", f"checkpoint.dir={workdir}/ckpt"]
+    return record_baseline(store, "low-lr", overrides, seeds=2, why="loss is flat")
+
+
+def run_cli(*args: str) -> int:
+    with pytest.raises(SystemExit) as exit_:
+        hyprun(list(args))
+    return exit_.value.code
+
+
+def test_refusals_of_the_one_variable_rule(store, low_lr, capsys, monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store.uri)
+    cases = {
+        ("optim.lr=3e-3", "sched=wsd"): "changes 2 variables (optim.lr, sched)",
+        ("budget.seed=7",): "budget.seed is a controlled variable",
+        ("budget.tokens=999999",): "budget.tokens is a controlled variable",
+        ("probes.every_steps=1",): "controlled variable",
+        ("optim.lr=1e-5",): "changes nothing",
+        ("no_such_card",): "no hypothesis card 'no_such_card'",
+        ("optim.lrr=1",): "unknown config key 'optim.lrr'",
+    }
+    for hypothesis, message in cases.items():
+        assert run_cli("test", *hypothesis, "--why", WHY) == 2, hypothesis
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1, err
+    assert store.refresh(low_lr).tests == [], "a refused delta launches nothing"
+
+
+def test_no_baseline_and_drift_are_refused(store, low_lr):
+    with pytest.raises(BadInput, match="no investigation 'nope'"):
+        controller.test(store, "nope", ["optim.lr=1e-4"], WHY)
+    recorded = dict(low_lr.baseline, git_sha="0" * 40)  # the code the baseline ran is gone
+    store.tag(low_lr.run_id, {"hyprun.baseline": json.dumps(recorded)})
+    with pytest.raises(BadInput, match="the code changed since the baseline"):
+        controller.test(store, "low-lr", ["optim.lr=1e-4"], WHY)
+    recorded = dict(low_lr.baseline, config_hash="f" * 16)  # or the configs changed
+    store.tag(low_lr.run_id, {"hyprun.baseline": json.dumps(recorded)})
+    with pytest.raises(BadInput, match="the configs changed since the baseline"):
+        controller.test(store, "low-lr", ["optim.lr=1e-4"], WHY)
+
+
+def test_verdicts_strikes_escalation_and_reset(store, low_lr, workdir):
+    better = controller.test(store, "low-lr", ["optim.lr=*100"], WHY)  # the planted fault's fix
+    assert better.exit_code == 0 and better.verdict["status"] == "confirmed", better.verdict
+    assert better.verdict["effect"] > 0.01
+    with pytest.raises(BadInput, match="tested already as H1: confirmed"):
+        controller.test(store, "low-lr", ["optim.lr=0.001"], WHY)
+
+    for factor in ("*0.1", "*0.01", "*0.5"):  # three hypotheses that cannot help
+        outcome = controller.test(store, "low-lr", [f"optim.lr={factor}"], WHY)
+        assert outcome.verdict["status"] == "rejected", outcome.verdict
+    state = store.refresh(low_lr)
+    assert state.strikes == 3 and state.escalated
+    assert [t.verdict for t in state.tests] == ["confirmed", "rejected", "rejected", "rejected"]
+    client = MlflowClient(tracking_uri=store.uri)
+    parent = client.get_run(state.run_id)
+    assert parent.data.tags["hyprun.escalated"] == "true"
+    report = client.download_artifacts(state.run_id, "escalation.md", str(workdir))
+    with open(report) as file:
+        text = file.read()
+    assert "Is the data sufficient" in text and "optim.lr=1e-07" in text
+    assert client.get_run(state.tests[1].run_id).info.run_name.endswith("· rejected")
+
+    fourth = controller.test(store, "low-lr", ["model.norm=rmsnorm"], WHY)
+    assert fourth.exit_code == 3 and len(store.refresh(low_lr).tests) == 4  # refused, not run
+
+    run_cli_env = {"MLFLOW_TRACKING_URI": store.uri}
+    with pytest.MonkeyPatch.context() as mp:
+        for key, value in run_cli_env.items():
+            mp.setenv(key, value)
+        assert run_cli("reset", "--investigation", "low-lr", "--by", "ana",
+                       "--reason", "data checked; keep going") == 0  # fmt: skip
+    state = store.refresh(low_lr)
+    assert state.strikes == 0 and not state.escalated and state.resets[0]["by"] == "ana"
+
+
+def test_parallel_claims_never_exceed_the_strikes_left(store, low_lr):
+    """With one strike left, of four tests launched at once exactly one may run."""
+    for factor in ("*0.1", "*0.01"):
+        assert (
+            controller.test(store, "low-lr", [f"optim.lr={factor}"], WHY).verdict["status"]
+            == "rejected"
+        )
+    state = store.refresh(low_lr)
+    deltas = [
+        measure(state.baseline["overrides"], [f"optim.lr={v}"]) for v in (2e-5, 3e-5, 4e-5, 5e-5)
+    ]
+    outcomes: list[str] = []
+
+    def launch(delta) -> None:
+        try:
+            claim(store, state, delta, None, WHY)
+            outcomes.append("claimed")
+        except Refused:
+            outcomes.append("refused")
+
+    threads = [threading.Thread(target=launch, args=(d,)) for d in deltas]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(outcomes) == ["claimed", "refused", "refused", "refused"]
+
+
+def test_status_json(store, low_lr, capsys, monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store.uri)
+    assert run_cli("status", "--json") == 0
+    document = json.loads(capsys.readouterr().out)
+    assert document["investigation"] == "low-lr" and document["strikes"] == 0
+    assert document["baseline"]["seeds"] == 2 and len(document["baseline"]["seed_runs"]) == 2
