@@ -148,6 +148,16 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_verify(args: argparse.Namespace) -> int:
+    """After a confirmed test: re-run the baseline's failed checks on the fix; --promote it."""
+    from runner.controller import verify
+
+    result = verify(_store(), args.investigation, args.test, args.promote)
+    if args.promote:
+        console.print("the fixed config is now the investigation's baseline")
+    return 0 if result["resolved"] or not result["still"] else 1
+
+
 def cmd_reset(args: argparse.Namespace) -> int:
     """Record a human decision on an escalated investigation and reopen it."""
     from runner.controller import reset
@@ -165,7 +175,8 @@ def parser() -> argparse.ArgumentParser:
     commands = {}
     handlers = (("train", cmd_train), ("demo", cmd_demo), ("check", cmd_check),
                 ("diagnose", cmd_diagnose), ("profile", cmd_profile), ("baseline", cmd_baseline),
-                ("test", cmd_test), ("status", cmd_status), ("reset", cmd_reset))  # fmt: skip
+                ("test", cmd_test), ("status", cmd_status), ("reset", cmd_reset),
+                ("verify", cmd_verify))  # fmt: skip
     for name, fn in handlers:
         commands[name] = sub.add_parser(
             name, help=fn.__doc__.splitlines()[0], description=fn.__doc__
@@ -174,7 +185,9 @@ def parser() -> argparse.ArgumentParser:
     commands["profile"].add_argument("--steps", type=int, default=5, help="steps to time")
     commands["reset"].add_argument("--by", required=True, help="who decided")
     commands["reset"].add_argument("--reason", required=True, help="what was decided and why")
-    for name in ("baseline", "test", "status", "reset"):
+    commands["verify"].add_argument("test", nargs="?", help="H<n> (default: the last confirmed)")
+    commands["verify"].add_argument("--promote", action="store_true", help="fix -> new baseline")
+    for name in ("baseline", "test", "status", "reset", "verify"):
         commands[name].add_argument("--investigation", help="name (default: the newest open one)")
     commands["baseline"].add_argument("--seeds", type=int, default=3, help="seeds (noise)")
     commands["demo"].add_argument("--seeds", type=int, default=3, help="seeds per baseline/test")

@@ -265,6 +265,37 @@ def escalate(store: Store, state: State) -> str:
     return report
 
 
+def verify(store: Store, name: str | None, test_name: str | None, promote: bool = False) -> dict:
+    """Phase 4: re-run the checks that fired on the baseline against the confirmed fix's
+    evidence; optionally make the fixed config the investigation's new baseline."""
+    from runner.diagnose import diagnose
+
+    state = store.find_any(name)
+    confirmed = [t for t in state.confirmed if test_name in (None, f"H{t.number}")]
+    if not confirmed:
+        raise BadInput(f"no confirmed hypothesis {test_name or ''} in {state.name!r}: "
+                       "verify follows a confirmed test")  # fmt: skip
+    test = confirmed[-1]
+    before = diagnose(store.uri, state.baseline["seed_runs"][0], store.experiment)[1]
+    runs = sorted(store.seed_runs(test.run_id), key=lambda r: int(r.data.tags["hyprun.seed"]))
+    after = diagnose(store.uri, runs[0].info.run_id, store.experiment)[1]
+    fired = {f["id"] for f in before["findings"]}
+    still = [f["id"] for f in after["findings"]]
+    result = {"test": f"H{test.number}", "resolved": sorted(fired - set(still)), "still": still,
+              "new": sorted(set(still) - fired)}  # fmt: skip
+    store.tag(test.run_id, {"hyprun.verified": ",".join(result["resolved"]) or "none"})
+    console.print(f"verify H{test.number}: resolved {result['resolved'] or 'none'}; "
+                  f"still firing {still or 'none'}")  # fmt: skip
+    if promote:
+        overrides = [*state.baseline["overrides"], *test.delta]
+        promoted = dict(state.baseline, overrides=overrides, config_hash=drift_key(overrides),
+                        seed_runs=[r.info.run_id for r in runs],
+                        promoted_from=f"H{test.number}")  # fmt: skip
+        store.tag(state.run_id, {"hyprun.baseline": json.dumps(promoted)})
+        result["promoted"] = True
+    return result
+
+
 def reset(store: Store, name: str | None, by: str, reason: str) -> State:
     """A human's decision after an escalation: recorded on the parent run, strikes start over."""
     if not by.strip() or not reason.strip():

@@ -49,22 +49,9 @@ def planted_fault(store: Store, name: str, seeds: int) -> str:
         if outcome.exit_code == controller.EXIT_ESCALATED or outcome.verdict is None:
             break
         if outcome.verdict["status"] == "confirmed":
-            verify(store, name, outcome.test)
+            controller.verify(store, name, outcome.test)
             break
     return name
-
-
-def verify(store: Store, name: str, test_name: str) -> None:
-    """Re-run the checks that failed on the baseline against the confirmed fix's evidence."""
-    state = store.find_any(name)
-    test = next(t for t in state.tests if f"H{t.number}" == test_name)
-    before = diagnose(store.uri, state.baseline["seed_runs"][0], store.experiment)[1]
-    fixed_run = sorted(store.seed_runs(test.run_id), key=lambda r: r.data.tags["hyprun.seed"])[0]
-    after = diagnose(store.uri, fixed_run.info.run_id, store.experiment)[1]
-    gone = {f["id"] for f in before["findings"]} - {f["id"] for f in after["findings"]}
-    console.print(f"verify {test_name}: findings resolved by the fix: {sorted(gone) or 'none'}; "
-                  f"still firing: {[f['id'] for f in after['findings']] or 'none'}")  # fmt: skip
-    store.tag(test.run_id, {"hyprun.verified": ",".join(sorted(gone)) or "none"})
 
 
 def data_problem(store: Store, name: str, seeds: int) -> str:

@@ -75,6 +75,8 @@ def test_verdicts_strikes_escalation_and_reset(store, low_lr, workdir):
     assert better.verdict["effect"] > 0.01
     with pytest.raises(BadInput, match="tested already as H1: confirmed"):
         controller.test(store, "low-lr", ["optim.lr=0.001"], WHY)
+    checked = controller.verify(store, "low-lr", "H1")
+    assert checked == {"test": "H1", "resolved": ["loss_flat"], "still": [], "new": []}
 
     for factor in ("*0.1", "*0.01", "*0.5"):  # three hypotheses that cannot help
         outcome = controller.test(store, "low-lr", [f"optim.lr={factor}"], WHY)
@@ -130,6 +132,16 @@ def test_parallel_claims_never_exceed_the_strikes_left(store, low_lr):
     for thread in threads:
         thread.join()
     assert sorted(outcomes) == ["claimed", "refused", "refused", "refused"]
+
+
+def test_verify_promotes_the_fix_to_the_baseline(store, low_lr):
+    assert controller.test(store, "low-lr", ["optim.lr=*100"], WHY).verdict["status"] == "confirmed"
+    controller.verify(store, "low-lr", None, promote=True)
+    state = store.refresh(low_lr)
+    assert state.baseline["overrides"][-1] == "optim.lr=0.001"
+    assert state.baseline["promoted_from"] == "H1"
+    with pytest.raises(BadInput, match="no confirmed hypothesis"):
+        controller.verify(store, "low-lr", "H7")
 
 
 def test_status_json(store, low_lr, capsys, monkeypatch):
