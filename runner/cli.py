@@ -97,12 +97,13 @@ def cmd_profile(args: argparse.Namespace) -> int:
     return 0
 
 
-def _store(overrides: list[str] | None = None):
+def _store(overrides: list[str] | None = None, experiment: str | None = None):
+    """The investigations' MLflow store: the config's tracking URI and experiment."""
     from runner.compose import compose
     from runner.investigation import Store
 
     tracking = compose(overrides or []).tracking
-    return Store(tracking.uri, tracking.experiment)
+    return Store(tracking.uri, experiment or tracking.experiment)
 
 
 def cmd_baseline(args: argparse.Namespace) -> int:
@@ -110,7 +111,9 @@ def cmd_baseline(args: argparse.Namespace) -> int:
     from runner.controller import record_baseline
 
     name = args.investigation or time.strftime("inv-%Y%m%d-%H%M%S")
-    state = record_baseline(_store(args.overrides), name, args.overrides, args.seeds, args.why)
+    state = record_baseline(
+        _store(args.overrides, args.experiment), name, args.overrides, args.seeds, args.why
+    )
     console.print(f"baseline of investigation {state.name!r} recorded ({args.seeds} seeds, "
                   f"parent run {state.run_id}); next: hyprun test CARD --why ...")  # fmt: skip
     return 0
@@ -120,14 +123,16 @@ def cmd_test(args: argparse.Namespace) -> int:
     """Test one hypothesis (a card id or overrides changing one variable) against the baseline."""
     from runner.controller import test
 
-    return test(_store(), args.investigation, args.hypothesis, args.why).exit_code
+    return test(
+        _store(experiment=args.experiment), args.investigation, args.hypothesis, args.why
+    ).exit_code
 
 
 def cmd_status(args: argparse.Namespace) -> int:
     """Where an investigation stands: baseline, tests, verdicts, strikes."""
     from rich.table import Table
 
-    state = _store().find(args.investigation)
+    state = _store(experiment=args.experiment).find(args.investigation)
     rows = [
         {"test": f"H{t.number}", "delta": " ".join(t.delta), "card": t.card, "verdict": t.verdict,
          "reason": t.tags.get("hyprun.reason", ""), "run_id": t.run_id}
@@ -152,17 +157,32 @@ def cmd_verify(args: argparse.Namespace) -> int:
     """After a confirmed test: re-run the baseline's failed checks on the fix; --promote it."""
     from runner.controller import verify
 
-    result = verify(_store(), args.investigation, args.test, args.promote)
+    store = _store(experiment=args.experiment)
+    result = verify(store, args.investigation, args.test, args.promote)
     if args.promote:
         console.print("the fixed config is now the investigation's baseline")
     return 0 if result["resolved"] or not result["still"] else 1
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    """Markdown and HTML with plots for an investigation, logged on its parent run."""
+    from pathlib import Path
+
+    from runner.report import write_report
+
+    store = _store(experiment=args.experiment)
+    state = store.find_any(args.investigation)
+    out = Path(args.out or f".hyprun/reports/{state.name}")
+    markdown, page = write_report(store, state, out)
+    console.print(f"report: {markdown} and {page} (also on MLflow run {state.run_id}, report/)")
+    return 0
 
 
 def cmd_reset(args: argparse.Namespace) -> int:
     """Record a human decision on an escalated investigation and reopen it."""
     from runner.controller import reset
 
-    state = reset(_store(), args.investigation, args.by, args.reason)
+    state = reset(_store(experiment=args.experiment), args.investigation, args.by, args.reason)
     console.print(f"investigation {state.name!r} reopened by {args.by}: {args.reason}")
     return 0
 
@@ -176,7 +196,7 @@ def parser() -> argparse.ArgumentParser:
     handlers = (("train", cmd_train), ("demo", cmd_demo), ("check", cmd_check),
                 ("diagnose", cmd_diagnose), ("profile", cmd_profile), ("baseline", cmd_baseline),
                 ("test", cmd_test), ("status", cmd_status), ("reset", cmd_reset),
-                ("verify", cmd_verify))  # fmt: skip
+                ("verify", cmd_verify), ("report", cmd_report))  # fmt: skip
     for name, fn in handlers:
         commands[name] = sub.add_parser(
             name, help=fn.__doc__.splitlines()[0], description=fn.__doc__
@@ -187,8 +207,12 @@ def parser() -> argparse.ArgumentParser:
     commands["reset"].add_argument("--reason", required=True, help="what was decided and why")
     commands["verify"].add_argument("test", nargs="?", help="H<n> (default: the last confirmed)")
     commands["verify"].add_argument("--promote", action="store_true", help="fix -> new baseline")
-    for name in ("baseline", "test", "status", "reset", "verify"):
+    commands["report"].add_argument("--out", help="folder (default .hyprun/reports/NAME)")
+    for name in ("baseline", "test", "status", "reset", "verify", "report"):
         commands[name].add_argument("--investigation", help="name (default: the newest open one)")
+        commands[name].add_argument(
+            "--experiment", help="MLflow experiment (default: the config's)"
+        )
     commands["baseline"].add_argument("--seeds", type=int, default=3, help="seeds (noise)")
     commands["demo"].add_argument("--seeds", type=int, default=3, help="seeds per baseline/test")
     commands["baseline"].add_argument("--why", default="", help="what prompted the investigation")

@@ -93,6 +93,15 @@ def test_verdicts_strikes_escalation_and_reset(store, low_lr, workdir):
     assert "Is the data sufficient" in text and "optim.lr=1e-07" in text
     assert client.get_run(state.tests[1].run_id).info.run_name.endswith("· rejected")
 
+    from runner.report import write_report
+
+    markdown, page = write_report(store, state, workdir / "report")
+    assert "| H3 | `optim.lr=1e-07` | rejected |" in markdown.read_text()
+    images = [p.name for p in (workdir / "report").glob("*.png")]
+    assert "eval_loss.png" in images and all(f'src="{name}"' in page.read_text() for name in images)
+    logged = [a.path for a in client.list_artifacts(state.run_id, "report")]
+    assert "report/report.html" in logged and "report/eval_loss.png" in logged
+
     fourth = controller.test(store, "low-lr", ["model.norm=rmsnorm"], WHY)
     assert fourth.exit_code == 3 and len(store.refresh(low_lr).tests) == 4  # refused, not run
 
