@@ -18,7 +18,7 @@ from typing import Any
 from omegaconf import DictConfig
 from rich.console import Console
 
-from diag.verdict import MetricSpec, compare
+from diag.verdict import MetricSpec, compare, early_reject
 from hypotheses.schema import Card, load_cards
 from runner import provenance
 from runner.checkpoint import config_hash
@@ -183,11 +183,14 @@ def test(store: Store, name: str | None, argument: list[str], why: str) -> Outco
     guards = [_spec(g) for g in card.guards] if card else []
     tags = {"hyprun.role": "test-seed", "hyprun.investigation": state.name}
     results: list[JobResult] = []
+    watch = EarlyRejection(store, state, primary)
     try:
         for seed in range(state.baseline["seeds"]):
             cfg = job_config(store, [*baseline_overrides, *delta.overrides], seed, test_run,
                              f"H{number} · seed {seed}", tags)  # fmt: skip
-            results.append(run(cfg))
+            results.append(run(cfg, on_eval=watch.for_seed(seed, cfg.budget.tokens)))
+            if watch.stop is not None:
+                break
     except Exception as error:  # infrastructure, not evidence: no strike
         store.tag(test_run, {"hyprun.verdict": "error", "hyprun.reason": str(error)[:4000]})
         store.rename(test_run, f"H{number} {delta.describe()} · error")
@@ -195,17 +198,22 @@ def test(store: Store, name: str | None, argument: list[str], why: str) -> Outco
         console.print(f"H{number}: error ({error}); not a strike")
         return Outcome(1, f"H{number}", {"status": "error"})
 
-    verdict = decide(store, state, results, primary, guards)
+    if watch.stop is not None:
+        verdict = watch.verdict(results, state.baseline["seeds"])
+    else:
+        verdict = decide(store, state, results, primary, guards)
     verdict_tags = {
         "hyprun.verdict": verdict["status"],
         "hyprun.strike": str(verdict["status"] == "rejected").lower(),
         "hyprun.reason": verdict["reason"],
         "hyprun.effect": verdict["effect"],
+        "hyprun.early": str(bool(verdict.get("early"))).lower(),
     }
     if card and card.claimed:
         verdict_tags["hyprun.claimed"] = card.claimed.effect
     store.tag(test_run, verdict_tags)
-    store.metrics(test_run, {"effect": verdict["effect"], "noise": verdict["noise"]})
+    store.metrics(test_run, {k: verdict[k] for k in ("effect", "noise", "tokens_saved")
+                             if verdict.get(k) is not None})  # fmt: skip
     store.text(test_run, json.dumps(verdict, indent=2, default=str), "verdict.json")
     store.rename(test_run, f"H{number} {delta.describe()} · {verdict['status']}")
     store.finish(test_run)
@@ -215,6 +223,41 @@ def test(store: Store, name: str | None, argument: list[str], why: str) -> Outco
     if state.escalated:
         escalate(store, state)
     return Outcome(0, f"H{number}", verdict)
+
+
+class EarlyRejection:
+    """Watches a test's held-out loss as its seeds train; stops the test once it is clearly worse
+    than the baseline band (diag.verdict.early_reject), saving the rest of its tokens."""
+
+    def __init__(self, store: Store, state: State, primary: MetricSpec):
+        self.primary = primary
+        self.enabled = primary.metric == "eval/loss"  # the metric a job reports as it trains
+        self.baseline = (
+            _curves(store, state.baseline["seed_runs"], primary.metric) if self.enabled else {}
+        )
+        self.partial: dict[int, list[tuple[int, float]]] = {}
+        self.stop = None
+        self.budget = 0
+
+    def for_seed(self, seed: int, budget: int):
+        if not self.enabled:
+            return None
+        self.budget = budget
+
+        def on_eval(tokens: int, value: float) -> bool:
+            self.partial.setdefault(seed, []).append((tokens, value))
+            self.stop = early_reject(self.baseline, self.partial, self.primary, budget)
+            return self.stop is not None
+
+        return on_eval
+
+    def verdict(self, results: list[JobResult], seeds: int) -> dict[str, Any]:
+        spent = sum(r.tokens for r in results)
+        saved = 1.0 - spent / (self.budget * seeds)
+        reason = f"rejected early: {self.stop.reason}"
+        return {"status": "rejected", "early": True, "reason": reason, "effect": None,
+                "noise": None, "z": self.stop.z, "tokens": self.stop.tokens,
+                "tokens_spent": spent, "tokens_saved": saved}  # fmt: skip
 
 
 def decide(store: Store, state: State, results: list[JobResult], primary: MetricSpec,

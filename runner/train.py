@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import hydra
@@ -75,15 +76,18 @@ class Plan:
 @dataclass(frozen=True)
 class JobResult:
     run_id: str
-    status: str  # completed | diverged | interrupted
+    status: str  # completed | diverged | interrupted | stopped (early rejection)
     steps: int
     tokens: int
     train_loss: float | None
     eval_loss: float | None
 
 
-def run(cfg: DictConfig) -> JobResult:
-    """Run one job to its end or to a stop signal; BadInput before training on bad input."""
+def run(cfg: DictConfig, on_eval: Callable[[int, float], bool] | None = None) -> JobResult:
+    """Run one job to its end or to a stop signal; BadInput before training on bad input.
+
+    `on_eval(tokens, eval_loss)` is called at every held-out evaluation (every rank gets the
+    same numbers); returning True stops the job there as `stopped` (early rejection)."""
     validate(cfg)
     source = _build("data.source", cfg.data.source)  # a missing file fails before DeepSpeed loads
     dist = distributed.init()
@@ -123,7 +127,7 @@ def run(cfg: DictConfig) -> JobResult:
     heldout = heldout_batches(
         source, cfg.budget.eval_sequences, cfg.ds.micro_batch, dist.rank, dist.world
     )
-    loop = TrainLoop(engine, plan, dist, tracker, heldout, instruments, cfg)
+    loop = TrainLoop(engine, plan, dist, tracker, heldout, instruments, cfg, on_eval)
     with StopSignals() as signals:
         status, step, train_loss = loop.train(iter(loader), start_step, ckpt, signals)
     eval_loss = loop.evaluate(step) if status == "completed" else None
@@ -135,7 +139,8 @@ def run(cfg: DictConfig) -> JobResult:
         if loop.nan_module:
             tags["hyprun.nan_module"] = loop.nan_module
         tracker.set_tags(tags)
-        tracker.finish({"completed": "FINISHED", "diverged": "FAILED"}.get(status, "KILLED"))
+        ended = {"completed": "FINISHED", "stopped": "FINISHED", "diverged": "FAILED"}
+        tracker.finish(ended.get(status, "KILLED"))
     if status != "interrupted":
         distributed.barrier()
         ckpt.finish()
@@ -150,8 +155,9 @@ class TrainLoop:
     (and per micro-step for the NaN check, which a probe config can turn off)."""
 
     def __init__(self, engine, plan: Plan, dist, tracker: Tracker | None, heldout,
-                 instruments: Instruments, cfg: DictConfig):  # fmt: skip
+                 instruments: Instruments, cfg: DictConfig, on_eval=None):  # fmt: skip
         self.engine, self.plan, self.dist, self.tracker = engine, plan, dist, tracker
+        self.on_eval = on_eval
         self.heldout, self.instruments = heldout, instruments
         self.log_every = cfg.tracking.log_every_steps
         self.nan_check = cfg.probes.nan_check
@@ -206,7 +212,9 @@ class TrainLoop:
                 data_wait, window_start, window_steps = 0.0, now, 0  # logging counts next time
             pause = time.perf_counter()  # eval and checkpoints are not training time
             if plan.due(plan.eval_every_steps, done) and done < plan.total_steps:
-                self.evaluate(done)
+                eval_loss = self.evaluate(done)
+                if self.on_eval and self.on_eval(done * plan.tokens_per_step, eval_loss):
+                    return "stopped", done, last_loss
             stop = signals.received is not None
             if self.dist.world > 1:
                 stop = distributed.any_rank(stop, device)

@@ -72,7 +72,7 @@ def test_no_baseline_and_drift_are_refused(store, low_lr):
 def test_verdicts_strikes_escalation_and_reset(store, low_lr, workdir):
     better = controller.test(store, "low-lr", ["optim.lr=*100"], WHY)  # the planted fault's fix
     assert better.exit_code == 0 and better.verdict["status"] == "confirmed", better.verdict
-    assert better.verdict["effect"] > 0.01
+    assert better.verdict["effect"] > 0.01 and not better.verdict.get("early")
     with pytest.raises(BadInput, match="tested already as H1: confirmed"):
         controller.test(store, "low-lr", ["optim.lr=0.001"], WHY)
     checked = controller.verify(store, "low-lr", "H1")
@@ -113,6 +113,19 @@ def test_verdicts_strikes_escalation_and_reset(store, low_lr, workdir):
                        "--reason", "data checked; keep going") == 0  # fmt: skip
     state = store.refresh(low_lr)
     assert state.strikes == 0 and not state.escalated and state.resets[0]["by"] == "ana"
+
+
+def test_clearly_worse_test_is_rejected_early(store, workdir):
+    overrides = ["budget.tokens=32768", "budget.eval_every_tokens=4096", "probes=off",
+                 "optim.lr=3e-3", f"checkpoint.dir={workdir}/ckpt"]  # fmt: skip
+    record_baseline(store, "healthy", overrides, seeds=2, why="")
+    outcome = controller.test(store, "healthy", ["optim.lr=*0.001"], WHY)
+    verdict = outcome.verdict
+    assert verdict["status"] == "rejected" and verdict["early"], verdict
+    assert verdict["tokens_saved"] >= 0.4, verdict  # most of the budget was not spent
+    state = store.find("healthy")
+    assert state.strikes == 1 and state.tests[0].tags["hyprun.early"] == "true"
+    assert len(store.seed_runs(state.tests[0].run_id)) == 1  # the second seed never started
 
 
 def test_parallel_claims_never_exceed_the_strikes_left(store, low_lr):
