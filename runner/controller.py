@@ -26,6 +26,7 @@ from runner.compose import compose
 from runner.delta import Delta, measure
 from runner.errors import BadInput
 from runner.investigation import STRIKES, State, Store
+from runner.notify import notify
 from runner.train import JobResult, run
 from runner.validate import validate
 
@@ -301,8 +302,15 @@ def escalate(store: Store, state: State) -> str:
         "- Is this a known-working setup being reproduced, or something new?",
     ]
     report = "\n".join(lines) + "\n"
-    store.text(state.run_id, report, "escalation.md")
+    store.text(state.run_id, report, "escalation.md")  # recorded before anyone is told
     store.tag(state.run_id, {"hyprun.escalated": "true"})
+    tracking = compose(state.baseline["overrides"]).tracking
+    if tracking.notify_url or tracking.notify_command:
+        notice = {"investigation": state.name, "run_id": state.run_id, "strikes": state.strikes,
+                  "tests": [f"H{t.number} {' '.join(t.delta)}: {t.verdict}" for t in state.tests],
+                  "report": "escalation.md"}  # fmt: skip
+        sent = notify(notice, tracking.notify_url, tracking.notify_command)
+        store.tag(state.run_id, {"hyprun.notified": "; ".join(sent)})
     console.print(f"[bold red]Escalated[/]: {state.strikes} strikes. Report: escalation.md on run "
                   f"{state.run_id}")  # fmt: skip
     return report

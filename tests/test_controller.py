@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 from mlflow.tracking import MlflowClient
@@ -15,6 +16,7 @@ from runner.controller import Refused, claim, record_baseline
 from runner.delta import measure
 from runner.errors import BadInput
 from runner.investigation import Store
+from runner.notify import notify
 
 SHORT = ["budget.tokens=16384", "budget.eval_every_tokens=4096", "probes.every_steps=4"]
 WHY = "I think [cause] because [evidence]"
@@ -69,7 +71,39 @@ def test_no_baseline_and_drift_are_refused(store, low_lr):
         controller.test(store, "low-lr", ["optim.lr=1e-4"], WHY)
 
 
-def test_verdicts_strikes_escalation_and_reset(store, low_lr, workdir):
+@pytest.fixture
+def webhook():
+    """A local HTTP server that records the JSON bodies POSTed to it."""
+    received: list[dict] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_port}/hook", received
+    server.shutdown()
+
+
+def test_notifier_failures_are_reported_not_raised(tmp_path):
+    sink = tmp_path / "notice.json"
+    outcomes = notify({"strikes": 3}, "http://127.0.0.1:9/nothing-listens",
+                      f"sh -c 'cat > {sink}'")  # fmt: skip
+    assert outcomes[0].startswith("url: failed") and outcomes[1] == "command: ok"
+    assert json.loads(sink.read_text()) == {"strikes": 3}
+    assert notify({}, None, "false") == ["command: failed (Command '['false']' returned "
+                                         "non-zero exit status 1.)"]  # fmt: skip
+
+
+def test_verdicts_strikes_escalation_and_reset(store, low_lr, workdir, webhook, monkeypatch):
+    url, received = webhook
+    monkeypatch.setenv("HYPRUN_NOTIFY_URL", url)
     better = controller.test(store, "low-lr", ["optim.lr=*100"], WHY)  # the planted fault's fix
     assert better.exit_code == 0 and better.verdict["status"] == "confirmed", better.verdict
     assert better.verdict["effect"] > 0.01 and not better.verdict.get("early")
@@ -87,6 +121,8 @@ def test_verdicts_strikes_escalation_and_reset(store, low_lr, workdir):
     client = MlflowClient(tracking_uri=store.uri)
     parent = client.get_run(state.run_id)
     assert parent.data.tags["hyprun.escalated"] == "true"
+    assert parent.data.tags["hyprun.notified"].startswith("url: ok")
+    assert received[0]["investigation"] == "low-lr" and received[0]["strikes"] == 3
     report = client.download_artifacts(state.run_id, "escalation.md", str(workdir))
     with open(report) as file:
         text = file.read()
