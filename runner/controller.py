@@ -83,11 +83,29 @@ def record_baseline(store: Store, name: str, overrides: list[str], seeds: int, w
         "seed_runs": [r.run_id for r in results],
     }
     store.tag(parent, {"hyprun.baseline": json.dumps(baseline)})
+    store.metrics(parent, seed_noise(store, baseline["seed_runs"]))
     _, document = diagnose(store.uri, results[0].run_id, store.experiment)
     store.text(parent, json.dumps(document, indent=2, default=str), "diagnosis.json")
     state = store.find(name)
     store.note(parent, summary(state, document))
     return state
+
+
+NOISE_METRICS = ("eval/loss", "train/loss", "perf/tokens_per_s")
+
+
+def seed_noise(store: Store, run_ids: list[str]) -> dict[str, float]:
+    """Mean and seed-to-seed std of each headline metric's last value, for the parent run."""
+    import statistics
+
+    found = {}
+    for metric in NOISE_METRICS:
+        last = [h[-1][1] for r in run_ids if (h := store.history(r, metric))]
+        if len(last) >= 2:
+            name = metric.replace("/", "_")
+            found[f"baseline/{name}_mean"] = statistics.fmean(last)
+            found[f"baseline/{name}_std"] = statistics.stdev(last)
+    return found
 
 
 def choose(argument: list[str], cards: dict[str, Card]) -> tuple[Card | None, list[str]]:

@@ -14,6 +14,7 @@ import math
 import sys
 import time
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import hydra
@@ -22,6 +23,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
+from rich.progress import Progress, TextColumn
 
 from runner import dist as distributed
 from runner import provenance
@@ -128,7 +130,8 @@ def run(cfg: DictConfig, on_eval: Callable[[int, float], bool] | None = None) ->
         source, cfg.budget.eval_sequences, cfg.ds.micro_batch, dist.rank, dist.world
     )
     loop = TrainLoop(engine, plan, dist, tracker, heldout, instruments, cfg, on_eval)
-    with StopSignals() as signals:
+    with StopSignals() as signals, _progress(dist.is_main, plan, start_step) as tick:
+        loop.tick = tick
         status, step, train_loss = loop.train(iter(loader), start_step, ckpt, signals)
     eval_loss = loop.evaluate(step) if status == "completed" else None
 
@@ -158,6 +161,7 @@ class TrainLoop:
                  instruments: Instruments, cfg: DictConfig, on_eval=None):  # fmt: skip
         self.engine, self.plan, self.dist, self.tracker = engine, plan, dist, tracker
         self.on_eval = on_eval
+        self.tick: Callable[[], None] = lambda: None  # a progress bar's advance, on a terminal
         self.heldout, self.instruments = heldout, instruments
         self.log_every = cfg.tracking.log_every_steps
         self.nan_check = cfg.probes.nan_check
@@ -190,6 +194,7 @@ class TrainLoop:
                 engine.step()
                 loss_sum += loss.detach().float()
             done, window_steps = step + 1, window_steps + 1
+            self.tick()
             if probing:
                 self._log(done, {**probed, **tools.parameters()})
             if done % self.log_every == 0 or done == plan.total_steps:
@@ -260,6 +265,18 @@ class TrainLoop:
     def _log(self, step: int, metrics: dict[str, float]) -> None:
         if self.tracker is not None:
             self.tracker.log_metrics(metrics, step=step * self.plan.tokens_per_step)
+
+
+@contextmanager
+def _progress(show: bool, plan: Plan, start_step: int):
+    """A rich progress bar over the steps when rank 0 writes to a terminal; else nothing."""
+    if not (show and console.is_terminal):
+        yield lambda: None
+        return
+    columns = (*Progress.get_default_columns(), TextColumn("{task.completed}/{task.total} steps"))
+    with Progress(*columns, console=console, transient=True) as bar:
+        task = bar.add_task("training", total=plan.total_steps, completed=start_step)
+        yield lambda: bar.advance(task)
 
 
 def _build(name: str, node: DictConfig):

@@ -202,6 +202,20 @@ def test_verify_promotes_the_fix_to_the_baseline(store, low_lr):
         controller.verify(store, "low-lr", "H7")
 
 
+def test_a_a_extra_seeds_posing_as_a_hypothesis_are_never_confirmed(store, low_lr):
+    """The same config under other seeds: whatever the verdict, it must not be `confirmed`."""
+    from runner.controller import DEFAULT_PRIMARY, decide, job_config
+    from runner.train import run
+
+    parent = low_lr.run_id
+    others = [run(job_config(store, low_lr.baseline["overrides"], seed, parent, f"A/A {seed}",
+                             {"hyprun.role": "a-a"})) for seed in (5, 6)]  # fmt: skip
+    verdict = decide(store, low_lr, others, DEFAULT_PRIMARY, [])
+    assert verdict["status"] != "confirmed", verdict
+    metrics = MlflowClient(tracking_uri=store.uri).get_run(parent).data.metrics
+    assert metrics["baseline/eval_loss_std"] > 0 and "baseline/eval_loss_mean" in metrics
+
+
 def test_status_json(store, low_lr, capsys, monkeypatch):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", store.uri)
     assert run_cli("status", "--json") == 0
