@@ -188,7 +188,7 @@ def test(store: Store, name: str | None, argument: list[str], why: str) -> Outco
     card, overrides = choose(argument, load_cards())
     baseline_overrides = state.baseline["overrides"]
     delta = measure(baseline_overrides, overrides)
-    earlier = state.tested(delta.variable, list(delta.overrides))
+    earlier = state.tested(list(delta.overrides))
     if earlier is not None:
         raise BadInput(f"{' '.join(delta.overrides)} was tested already as H{earlier.number}: "
                        f"{earlier.verdict} (run {earlier.run_id})")  # fmt: skip

@@ -71,7 +71,8 @@ class State:
     def confirmed(self) -> list[Test]:
         return [t for t in self.tests if t.verdict == "confirmed"]
 
-    def tested(self, variable: str, delta: list[str]) -> Test | None:
+    def tested(self, delta: list[str]) -> Test | None:
+        """The earlier test of exactly this delta, if any (refused claims do not count)."""
         return next((t for t in self.tests if t.delta == delta and t.verdict != "refused"), None)
 
 
