@@ -5,6 +5,10 @@ BIN    := $(VENV)/bin
 # CPU machines take the CPU wheel of torch (a CUDA build is several GB); see README for GPUs.
 TORCH_SPEC ?= torch==2.13.0
 
+# The Slurm tests need a cluster: slurm/local/up.sh installs and starts a single-node one (root,
+# Debian, no systemd needed). `make test SLURM=` skips starting it, and those tests skip too.
+SLURM ?= slurm/local/up.sh
+
 .PHONY: setup demo test lint bench clean
 
 $(BIN)/hyprun: pyproject.toml
@@ -21,7 +25,8 @@ demo: setup
 
 test: setup
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q tests
+	$(if $(SLURM),$(SLURM))
+	HYPRUN_REQUIRE_SLURM=$(if $(SLURM),1,0) $(BIN)/python -m pytest -q tests
 
 bench: setup
 	$(BIN)/python bench/overhead.py

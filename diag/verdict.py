@@ -218,6 +218,8 @@ class Verdict:
     """The z the effect had to exceed (z_confirm after the small-sample correction)."""
     df: float = math.inf
     """Degrees of freedom of the noise estimate (inf when sigma was assumed)."""
+    looks: int = 1
+    """How many candidates the test was the best of (a sweep's trials); z_needed corrects for it."""
 
     def to_dict(self) -> dict:
         """Plain, JSON-safe dict: NaN and infinite floats become None."""
@@ -367,6 +369,15 @@ def t_ppf(p: float, df: float) -> float:
     if math.isinf(df):
         return NormalDist().inv_cdf(p)
     return _t_ppf_cached(p, round(float(df), 3))
+
+
+def bonferroni_z(z: float, looks: int) -> float:
+    """The one-sided z whose tail is z's tail divided by `looks`: confirming the best of `looks`
+    candidates is then no likelier by chance than confirming one."""
+    if looks <= 1:
+        return z
+    tail = 1.0 - NormalDist().cdf(z)
+    return NormalDist().inv_cdf(1.0 - tail / looks)
 
 
 def z_threshold(z: float, df: float, small_sample: bool = True) -> float:
@@ -579,6 +590,7 @@ def compare(
     test_guards: Mapping[str, Runs] | None = None,
     *,
     diverged: bool = False,
+    looks: int = 1,
     params: VerdictParams | None = None,
 ) -> Verdict:
     """The verdict on `test` against `baseline` for the `primary` metric (rule: module docstring).
@@ -587,6 +599,8 @@ def compare(
     `guards` are metrics that must not regress; their histories are `baseline_guards[metric]`
     and `test_guards[metric]`, each again seed -> points, read at the primary's matched tokens.
     `diverged=True` marks the test as diverged (a NaN/inf in the primary is detected anyway).
+    `looks` > 1: `test` is the best of that many tried (a sweep); z_confirm is raised to keep the
+    family-wise false-confirmation rate at one look's (Bonferroni, bonferroni_z).
     `params` overrides the table (default: diag/tables/verdict.yaml).
     """
     params = params or load_params()
@@ -634,7 +648,8 @@ def compare(
     base_v = _values(baseline, tokens, window, primary.metric, "baseline")
     test_v = _values(test, tokens, window, primary.metric, "test")
     c = _contrast(primary, base_v, test_v, params)
-    z_needed = z_threshold(params.z_confirm, c.df, params.small_sample)
+    z_confirm = bonferroni_z(params.z_confirm, looks)
+    z_needed = z_threshold(z_confirm, c.df, params.small_sample)
     paired = _paired(primary, base_v, test_v, c.scale, params)
 
     guard_rows = []
@@ -675,8 +690,10 @@ def compare(
 
     summary = _summary(primary.metric, c)
     zn = f"{z_needed:.2g}σ noise" + (
-        f" (z {params.z_confirm:g} at {c.df:.1f} df)" if z_needed != params.z_confirm else ""
+        f" (z {z_confirm:.3g} at {c.df:.1f} df)" if z_needed != z_confirm else ""
     )
+    if looks > 1:
+        zn += f"; Bonferroni: best of {looks} trials, z {params.z_confirm:g} -> {z_confirm:.3g}"
     me = _pct(primary.min_effect)
     decide = None
     regressed = [g for g in guard_rows if g["regressed"]]
@@ -740,6 +757,7 @@ def compare(
         test_value=c.mean_t,
         z_needed=z_needed,
         df=c.df,
+        looks=looks,
     )
 
 

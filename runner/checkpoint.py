@@ -74,10 +74,11 @@ class Checkpointer:
 
 
 class StopSignals:
-    """Turns SIGTERM/SIGUSR1 (Slurm preemption, time limit, scancel) into a flag the loop polls,
-    so the job stops at a step boundary with a checkpoint instead of dying mid-step."""
+    """Turns SIGTERM/SIGUSR1/SIGUSR2 (Slurm preemption, time-limit warning, scancel) into a flag
+    the loop polls, so the job stops at a step boundary with a checkpoint instead of dying
+    mid-step. (USR2 is the warning submitit asks Slurm for.)"""
 
-    SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+    SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
 
     def __init__(self) -> None:
         self.received: int | None = None

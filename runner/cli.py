@@ -1,6 +1,7 @@
 """`hyprun`: the command line.
 
-Exit codes: 0 ok, 2 refused or bad input, 3 escalated, 75 interrupted (rerun to resume).
+Exit codes: 0 ok, 1 jobs failed (a test's verdict: error, not a strike), 2 refused or bad
+input, 3 escalated, 75 interrupted (rerun to resume).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import time
 
 from rich.console import Console
 
-from runner.errors import BadInput
+from runner.errors import BadInput, JobsFailed
 
 console = Console(stderr=True, highlight=False, soft_wrap=True)
 
@@ -109,11 +110,11 @@ def _store(overrides: list[str] | None = None, experiment: str | None = None):
 def cmd_baseline(args: argparse.Namespace) -> int:
     """Record a baseline: k seeds of the config as controlled jobs, L0 checks, triage."""
     from runner.controller import record_baseline
+    from runner.launch import split
 
     name = args.investigation or time.strftime("inv-%Y%m%d-%H%M%S")
-    state = record_baseline(
-        _store(args.overrides, args.experiment), name, args.overrides, args.seeds, args.why
-    )
+    store = _store(split(args.overrides)[0], args.experiment)
+    state = record_baseline(store, name, args.overrides, args.seeds, args.why)
     console.print(f"baseline of investigation {state.name!r} recorded ({args.seeds} seeds, "
                   f"parent run {state.run_id}); next: hyprun test CARD --why ...")  # fmt: skip
     return 0
@@ -128,14 +129,27 @@ def cmd_test(args: argparse.Namespace) -> int:
     ).exit_code
 
 
+def cmd_sweep(args: argparse.Namespace) -> int:
+    """Search one variable with Optuna (Hydra sweep grammar); one verdict, one strike at most."""
+    from runner.sweep import sweep
+
+    store = _store(experiment=args.experiment)
+    return sweep(store, args.investigation, args.sweep, args.trials, args.why,
+                 args.parallel).exit_code  # fmt: skip
+
+
 def cmd_status(args: argparse.Namespace) -> int:
-    """Where an investigation stands: baseline, tests, verdicts, strikes."""
+    """Where an investigation stands: baseline, tests, verdicts, strikes, Slurm jobs."""
     from rich.table import Table
 
+    from runner.launch import slurm_states
+
     state = _store(experiment=args.experiment).find(args.investigation)
+    jobs = slurm_states({t.run_id: t.tags.get("slurm.jobs", "") for t in state.tests})
     rows = [
         {"test": f"H{t.number}", "delta": " ".join(t.delta), "card": t.card, "verdict": t.verdict,
-         "reason": t.tags.get("hyprun.reason", ""), "run_id": t.run_id}
+         "reason": t.tags.get("hyprun.reason", ""), "run_id": t.run_id,
+         "slurm": jobs.get(t.run_id, {})}
         for t in state.tests
     ]  # fmt: skip
     document = {"investigation": state.name, "run_id": state.run_id, "baseline": state.baseline,
@@ -145,10 +159,13 @@ def cmd_status(args: argparse.Namespace) -> int:
         return 0
     title = f"{state.name}: {state.strikes} strike(s)" + (" — escalated" if state.escalated else "")
     table = Table(title=title, title_justify="left")
-    for column in ("test", "delta", "verdict", "reason"):
+    columns = ["test", "delta", "verdict", "reason"] + (["slurm"] if jobs else [])
+    for column in columns:
         table.add_column(column, overflow="fold")
     for row in rows:
-        table.add_row(row["test"], row["delta"], row["verdict"], row["reason"])
+        slurm = " ".join(f"{job}:{state}" for job, state in row["slurm"].items())
+        cells = [row["test"], row["delta"], row["verdict"], row["reason"]]
+        table.add_row(*cells, *([slurm] if jobs else []))
     Console(highlight=False).print(table)
     return 0
 
@@ -195,8 +212,8 @@ def parser() -> argparse.ArgumentParser:
     commands = {}
     handlers = (("train", cmd_train), ("demo", cmd_demo), ("check", cmd_check),
                 ("diagnose", cmd_diagnose), ("profile", cmd_profile), ("baseline", cmd_baseline),
-                ("test", cmd_test), ("status", cmd_status), ("reset", cmd_reset),
-                ("verify", cmd_verify), ("report", cmd_report))  # fmt: skip
+                ("test", cmd_test), ("sweep", cmd_sweep), ("status", cmd_status),
+                ("reset", cmd_reset), ("verify", cmd_verify), ("report", cmd_report))  # fmt: skip
     for name, fn in handlers:
         commands[name] = sub.add_parser(
             name, help=fn.__doc__.splitlines()[0], description=fn.__doc__
@@ -208,7 +225,7 @@ def parser() -> argparse.ArgumentParser:
     commands["verify"].add_argument("test", nargs="?", help="H<n> (default: the last confirmed)")
     commands["verify"].add_argument("--promote", action="store_true", help="fix -> new baseline")
     commands["report"].add_argument("--out", help="folder (default .hyprun/reports/NAME)")
-    for name in ("baseline", "test", "status", "reset", "verify", "report"):
+    for name in ("baseline", "test", "sweep", "status", "reset", "verify", "report"):
         commands[name].add_argument("--investigation", help="name (default: the newest open one)")
         commands[name].add_argument(
             "--experiment", help="MLflow experiment (default: the config's)"
@@ -218,6 +235,12 @@ def parser() -> argparse.ArgumentParser:
     commands["baseline"].add_argument("--why", default="", help="what prompted the investigation")
     commands["test"].add_argument("hypothesis", nargs="+", help="a card id, or overrides")
     commands["test"].add_argument("--why", required=True, help="I think [cause] because [evidence]")
+    sweep = commands["sweep"]
+    sweep.add_argument("sweep", nargs="+", help="KEY=SWEEP, e.g. 'optim.lr=tag(log, interval(1e-5, "
+                       "1e-3))', plus launcher overrides")  # fmt: skip
+    sweep.add_argument("--trials", type=int, default=8, help="how many values to try")
+    sweep.add_argument("--parallel", type=int, help="trials per job array on Slurm (default all)")
+    sweep.add_argument("--why", required=True, help="I think [cause] because [evidence]")
     commands["status"].add_argument("--json", action="store_true", help="machine-readable output")
     for name in ("train", "demo", "check", "profile", "baseline"):
         commands[name].add_argument(
@@ -241,9 +264,9 @@ def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
     try:
         code = args.fn(args)
-    except BadInput as error:
+    except (BadInput, JobsFailed) as error:
         console.print(f"hyprun: {error}", markup=False)
-        code = BadInput.exit_code
+        code = error.exit_code
     sys.exit(code)
 
 

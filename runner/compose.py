@@ -8,7 +8,7 @@ from hydra import compose as hydra_compose
 from hydra import initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
 from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from runner.errors import BadInput
@@ -17,17 +17,25 @@ CONFIG_MODULE = "conf"
 CONFIG_NAME = "train"
 
 
-def compose(overrides: Sequence[str] = (), config_name: str = CONFIG_NAME) -> DictConfig:
-    """The resolved job config for `overrides`, or BadInput naming the bad override and the fix."""
+def compose(overrides: Sequence[str] = (), config_name: str = CONFIG_NAME,
+            return_hydra_config: bool = False) -> DictConfig:  # fmt: skip
+    """The resolved job config for `overrides`, or BadInput naming the bad override and the fix.
+    `return_hydra_config` keeps Hydra's own node (`hydra.launcher` among it), unresolved."""
     overrides = list(overrides)
+    kwargs = {"overrides": overrides, "return_hydra_config": return_hydra_config}
     try:
         if GlobalHydra.instance().is_initialized():  # inside a Hydra app: reuse its search path
-            cfg = hydra_compose(config_name, overrides=overrides)
+            cfg = hydra_compose(config_name, **kwargs)
         else:
             with initialize_config_module(config_module=CONFIG_MODULE, version_base="1.3"):
-                cfg = hydra_compose(config_name, overrides=overrides)
-        OmegaConf.to_container(cfg, resolve=True)  # surface interpolation errors now
-        missing = sorted(OmegaConf.missing_keys(cfg))
+                cfg = hydra_compose(config_name, **kwargs)
+        job = cfg
+        if return_hydra_config:
+            job = cfg.copy()
+            with open_dict(job):
+                del job["hydra"]  # its run-time values (hydra.job.num, ...) are unset here
+        OmegaConf.to_container(job, resolve=True)  # surface interpolation errors now
+        missing = sorted(OmegaConf.missing_keys(job))
         if missing:
             raise BadInput(f"{missing[0]} is required: add {missing[0]}=VALUE to the command")
     except MissingConfigException as e:

@@ -5,14 +5,19 @@
     hyprun status                        the investigation as its MLflow runs describe it
 
 Jobs run in this process, one after another (importing torch and DeepSpeed costs seconds per
-process; a tiny job takes about as long).
+process; a tiny job takes about as long), or on Slurm with `hydra/launcher=slurm_cpu|slurm_8xa100`
+among the baseline's overrides: then all seeds run at once, and every test of the investigation
+runs where its baseline ran (runner/launch.py).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig
@@ -24,10 +29,11 @@ from runner import provenance
 from runner.checkpoint import config_hash
 from runner.compose import compose
 from runner.delta import Delta, measure
-from runner.errors import BadInput
+from runner.errors import BadInput, JobsFailed
 from runner.investigation import STRIKES, State, Store
+from runner.launch import Failed, InProcess, Job, Slurm, launcher_for, safe_name, split
 from runner.notify import notify
-from runner.train import JobResult, run
+from runner.train import JobResult
 from runner.validate import validate
 
 EXIT_ESCALATED = 3
@@ -67,16 +73,23 @@ def record_baseline(store: Store, name: str, overrides: list[str], seeds: int, w
 
     if seeds < 1:
         raise BadInput(f"--seeds {seeds}: a baseline needs at least one seed (3 measure noise)")
+    overrides, launcher_overrides = split(overrides)
     validate(compose(overrides))  # refuse bad input before the investigation exists
+    launcher = launcher_for(launcher_overrides, *_slurm_names(name, "baseline"))
     parent = store.create(name, f"Baseline: {' '.join(overrides) or 'defaults'}. {why}".strip())
     tags = {"hyprun.role": "baseline", "hyprun.investigation": name}
-    results = []
-    for seed in range(seeds):
-        cfg = job_config(store, overrides, seed, parent, f"baseline · seed {seed}", tags)
-        results.append(run(cfg))
+    jobs = [Job(job_config(store, overrides, seed, parent, f"baseline · seed {seed}", tags))
+            for seed in range(seeds)]  # fmt: skip
+    try:
+        results = run_jobs(store, parent, launcher, jobs)
+    except JobsFailed as error:
+        store.tag(parent, {"hyprun.baseline_error": str(error)[:4000]})
+        store.finish(parent, "FAILED")
+        raise
     sha, _ = provenance.git_state()
     baseline = {
         "overrides": overrides,
+        "launcher": launcher_overrides,
         "seeds": seeds,
         "config_hash": drift_key(overrides),
         "git_sha": sha,
@@ -89,6 +102,37 @@ def record_baseline(store: Store, name: str, overrides: list[str], seeds: int, w
     state = store.find(name)
     store.note(parent, summary(state, document))
     return state
+
+
+def run_jobs(store: Store, owner: str, launcher: InProcess | Slurm, jobs: list[Job]
+             ) -> list[JobResult]:  # fmt: skip
+    """Run the jobs; their Slurm ids go on the `owner` run; any failure fails them all."""
+    outcomes = launcher.run(jobs, lambda ids: store.tag(owner, {"slurm.jobs": ",".join(ids)}))
+    failed = [o.reason for o in outcomes if isinstance(o, Failed)]
+    if failed:
+        raise JobsFailed("; ".join(failed))
+    return [o for o in outcomes if isinstance(o, JobResult)]
+
+
+def _slurm_names(investigation: str, what: str) -> tuple[Path, str]:
+    """(submitit's folder, the job name) of an investigation's jobs."""
+    return Path(".hyprun/slurm") / safe_name(investigation), f"hyprun-{investigation}-{what}"
+
+
+HARDWARE_KEYS = ("nodes", "tasks_per_node", "gpus_per_node", "gres", "constraint")
+
+
+def where_tests_run(state: State, given: list[str], what: str) -> InProcess | Slurm:
+    """Tests run where the baseline ran: hardware is a controlled variable. Queue settings
+    (partition, time limit, ...) may differ."""
+    recorded = state.baseline.get("launcher", [])
+    group = [o for o in given if o.startswith("hydra/launcher=")]
+    resources = [o for o in given if o.split("=")[0].rsplit(".", 1)[-1] in HARDWARE_KEYS]
+    if (group and group[0] not in recorded) or resources:
+        where = " ".join(recorded) or "in this process"
+        raise BadInput(f"the baseline ran {where}: a test on other hardware is not controlled; "
+                       "drop the launcher override or record a new baseline there")  # fmt: skip
+    return launcher_for([*recorded, *given], *_slurm_names(state.name, what))
 
 
 NOISE_METRICS = ("eval/loss", "train/loss", "perf/tokens_per_s")
@@ -173,75 +217,113 @@ class Refused(Exception):
         self.exit_code = exit_code
 
 
-def test(store: Store, name: str | None, argument: list[str], why: str) -> Outcome:
-    """Test one hypothesis against the investigation's baseline."""
+def open_test(store: Store, name: str | None, why: str) -> State:
+    """The investigation a new test joins, once it may take one (Refused when escalated)."""
     state = store.find(name)
     if state.escalated:
-        console.print(f"investigation {state.name!r} is escalated after {state.strikes} "
-                      "rejected hypotheses: read its escalation report")  # fmt: skip
-        return Outcome(EXIT_ESCALATED)
+        raise Refused(EXIT_ESCALATED, f"investigation {state.name!r} is escalated after "
+                                      f"{state.strikes} rejected hypotheses: read its "
+                                      "escalation report")  # fmt: skip
     if state.baseline is None:
         raise BadInput(f"investigation {state.name!r} has no baseline: run 'hyprun baseline' first")
     if not why.strip():
         raise BadInput("--why is empty: say 'I think [cause] because [evidence]'")
     check_drift(state)
+    return state
+
+
+def refuse_repeat(state: State, overrides: list[str]) -> None:
+    earlier = state.tested(overrides)
+    if earlier is not None:
+        raise BadInput(f"{' '.join(overrides)} was tested already as H{earlier.number}: "
+                       f"{earlier.verdict} (run {earlier.run_id})")  # fmt: skip
+
+
+def refusals_as_outcomes(command: Callable[..., Outcome]) -> Callable[..., Outcome]:
+    """A refusal (escalated, no strikes left) ends the command with its exit code, said once."""
+
+    @functools.wraps(command)
+    def run(*args: Any, **kwargs: Any) -> Outcome:
+        try:
+            return command(*args, **kwargs)
+        except Refused as refused:
+            console.print(f"hyprun: {refused}")
+            return Outcome(refused.exit_code)
+
+    return run
+
+
+@refusals_as_outcomes
+def test(store: Store, name: str | None, argument: list[str], why: str) -> Outcome:
+    """Test one hypothesis against the investigation's baseline."""
+    state = open_test(store, name, why)
+    argument, launcher_overrides = split(argument)
     card, overrides = choose(argument, load_cards())
     baseline_overrides = state.baseline["overrides"]
     delta = measure(baseline_overrides, overrides)
-    earlier = state.tested(list(delta.overrides))
-    if earlier is not None:
-        raise BadInput(f"{' '.join(delta.overrides)} was tested already as H{earlier.number}: "
-                       f"{earlier.verdict} (run {earlier.run_id})")  # fmt: skip
-    try:
-        test_run, number = claim(store, state, delta, card, why)
-    except Refused as refused:
-        console.print(f"hyprun: {refused}")
-        return Outcome(refused.exit_code)
+    refuse_repeat(state, list(delta.overrides))
+    launcher = where_tests_run(state, launcher_overrides, f"H{len(state.tests) + 1}")
+    test_run, number = claim(store, state, delta, card, why)
 
     primary = _spec(card.primary) if card else DEFAULT_PRIMARY
     guards = [_spec(g) for g in card.guards] if card else []
-    tags = {"hyprun.role": "test-seed", "hyprun.investigation": state.name}
-    results: list[JobResult] = []
     watch = EarlyRejection(store, state, primary)
+    jobs = [Job(cfg, watch.for_seed(seed, cfg.budget.tokens))
+            for seed, cfg in enumerate(seed_configs(store, state, delta.overrides, test_run,
+                                                    f"H{number}"))]  # fmt: skip
     try:
-        for seed in range(state.baseline["seeds"]):
-            cfg = job_config(store, [*baseline_overrides, *delta.overrides], seed, test_run,
-                             f"H{number} · seed {seed}", tags)  # fmt: skip
-            results.append(run(cfg, on_eval=watch.for_seed(seed, cfg.budget.tokens)))
-            if watch.stop is not None:
-                break
+        results = run_jobs(store, test_run, launcher, jobs)
     except Exception as error:  # infrastructure, not evidence: no strike
-        store.tag(test_run, {"hyprun.verdict": "error", "hyprun.reason": str(error)[:4000]})
-        store.rename(test_run, f"H{number} {delta.describe()} · error")
-        store.finish(test_run, "FAILED")
-        console.print(f"H{number}: error ({error}); not a strike")
-        return Outcome(1, f"H{number}", {"status": "error"})
+        return record_error(store, test_run, f"H{number} {delta.describe()}", error)
 
     if watch.stop is not None:
         verdict = watch.verdict(results, state.baseline["seeds"])
     else:
         verdict = decide(store, state, results, primary, guards)
-    verdict_tags = {
+    extra = {"hyprun.claimed": card.claimed.effect} if card and card.claimed else {}
+    return record_verdict(store, state, test_run, f"H{number} {delta.describe()}", verdict, extra)
+
+
+def seed_configs(store: Store, state: State, delta: tuple[str, ...] | list[str], parent: str,
+                 label: str) -> list[DictConfig]:  # fmt: skip
+    """The baseline's seeds with `delta` on top, recording below `parent`."""
+    tags = {"hyprun.role": "test-seed", "hyprun.investigation": state.name}
+    return [job_config(store, [*state.baseline["overrides"], *delta], seed, parent,
+                       f"{label} · seed {seed}", tags)
+            for seed in range(state.baseline["seeds"])]  # fmt: skip
+
+
+def record_error(store: Store, test_run: str, label: str, error: BaseException) -> Outcome:
+    """Jobs that failed are no evidence: the test ends as `error`, not a strike."""
+    store.tag(test_run, {"hyprun.verdict": "error", "hyprun.reason": str(error)[:4000]})
+    store.rename(test_run, f"{label} · error")
+    store.finish(test_run, "FAILED")
+    console.print(f"{label}: error ({error}); not a strike")
+    return Outcome(1, label.split()[0], {"status": "error"})
+
+
+def record_verdict(store: Store, state: State, test_run: str, label: str,
+                   verdict: dict[str, Any], extra: dict[str, str]) -> Outcome:  # fmt: skip
+    """Write a test's verdict on its run, update the investigation, escalate on the last strike."""
+    store.tag(test_run, {
         "hyprun.verdict": verdict["status"],
         "hyprun.strike": str(verdict["status"] == "rejected").lower(),
         "hyprun.reason": verdict["reason"],
         "hyprun.effect": verdict["effect"],
         "hyprun.early": str(bool(verdict.get("early"))).lower(),
-    }
-    if card and card.claimed:
-        verdict_tags["hyprun.claimed"] = card.claimed.effect
-    store.tag(test_run, verdict_tags)
+        **extra,
+    })  # fmt: skip
     store.metrics(test_run, {k: verdict[k] for k in ("effect", "noise", "tokens_saved")
                              if verdict.get(k) is not None})  # fmt: skip
     store.text(test_run, json.dumps(verdict, indent=2, default=str), "verdict.json")
-    store.rename(test_run, f"H{number} {delta.describe()} · {verdict['status']}")
+    store.rename(test_run, f"{label} · {verdict['status']}")
     store.finish(test_run)
     state = store.refresh(state)
     store.note(state.run_id, summary(state))
-    console.print(f"H{number} {delta.describe()}: {verdict['status']} — {verdict['reason']}")
+    console.print(f"{label}: {verdict['status']} — {verdict['reason']}")
     if state.escalated:
         escalate(store, state)
-    return Outcome(0, f"H{number}", verdict)
+    return Outcome(0, label.split()[0], verdict)
 
 
 class EarlyRejection:
@@ -280,15 +362,17 @@ class EarlyRejection:
 
 
 def decide(store: Store, state: State, results: list[JobResult], primary: MetricSpec,
-           guards: list[MetricSpec]) -> dict[str, Any]:  # fmt: skip
-    """The verdict at matched tokens, from the seed runs' histories in MLflow."""
+           guards: list[MetricSpec], looks: int = 1) -> dict[str, Any]:  # fmt: skip
+    """The verdict at matched tokens, from the seed runs' histories in MLflow; `looks`: the
+    test is the best of that many (a sweep)."""
     metrics = [primary, *guards]
     base = {m.metric: _curves(store, state.baseline["seed_runs"], m.metric) for m in metrics}
     test_runs = [r.run_id for r in results]
     ours = {m.metric: _curves(store, test_runs, m.metric) for m in metrics}
     diverged = any(r.status == "diverged" for r in results)
     verdict = compare(base[primary.metric], ours[primary.metric], primary, guards=guards,
-                      baseline_guards=base, test_guards=ours, diverged=diverged)  # fmt: skip
+                      baseline_guards=base, test_guards=ours, diverged=diverged,
+                      looks=looks)  # fmt: skip
     return verdict.to_dict()
 
 
@@ -346,7 +430,7 @@ def verify(store: Store, name: str | None, test_name: str | None, promote: bool 
                        "verify follows a confirmed test")  # fmt: skip
     test = confirmed[-1]
     before = diagnose(store.uri, state.baseline["seed_runs"][0], store.experiment)[1]
-    runs = sorted(store.seed_runs(test.run_id), key=lambda r: int(r.data.tags["hyprun.seed"]))
+    runs = sorted(store.seed_runs(test.evidence_run), key=lambda r: int(r.data.tags["hyprun.seed"]))
     after = diagnose(store.uri, runs[0].info.run_id, store.experiment)[1]
     fired = {f["id"] for f in before["findings"]}
     still = [f["id"] for f in after["findings"]]
@@ -356,7 +440,7 @@ def verify(store: Store, name: str | None, test_name: str | None, promote: bool 
     console.print(f"verify H{test.number}: resolved {result['resolved'] or 'none'}; "
                   f"still firing {still or 'none'}")  # fmt: skip
     if promote:
-        overrides = [*state.baseline["overrides"], *test.delta]
+        overrides = [*state.baseline["overrides"], *test.fix]
         promoted = dict(state.baseline, overrides=overrides, config_hash=drift_key(overrides),
                         seed_runs=[r.info.run_id for r in runs],
                         promoted_from=f"H{test.number}")  # fmt: skip

@@ -38,6 +38,13 @@ def prepare_env() -> None:
         os.environ["RANK"] = os.environ["SLURM_PROCID"]
         os.environ["WORLD_SIZE"] = os.environ["SLURM_NTASKS"]
         os.environ["LOCAL_RANK"] = os.environ.get("SLURM_LOCALID", "0")
+        # Rank 0 listens on the allocation's first node, on a port of this job's own: jobs
+        # sharing a node must not collide, and every task derives the same one. Set, not
+        # defaulted: sbatch exports the submitter's environment, MASTER_PORT included.
+        os.environ["MASTER_ADDR"] = _first_node(os.environ.get("SLURM_JOB_NODELIST"))
+        os.environ["MASTER_PORT"] = str(20000 + int(os.environ["SLURM_JOB_ID"]) % 20000)
+    if os.environ.get("WORLD_SIZE") == "1" and "MASTER_PORT" not in os.environ:
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
     if "RANK" not in os.environ:
         # A plain `python -m runner.train`: a world of one (else DeepSpeed looks for MPI), on a
         # port of its own (an inherited MASTER_PORT may belong to another job).
@@ -78,6 +85,17 @@ def any_rank(flag: bool, device: torch.device) -> bool:
 def barrier() -> None:
     if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
         torch.distributed.barrier()
+
+
+def _first_node(nodelist: str | None) -> str:
+    """The first host of a Slurm node list (`gpu[01-04]` -> `gpu01`), as Slurm expands it."""
+    if not nodelist:
+        return "127.0.0.1"
+    import subprocess
+
+    out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True,
+                         text=True, timeout=30, check=False)  # fmt: skip
+    return out.stdout.split()[0] if out.returncode == 0 and out.stdout.split() else "127.0.0.1"
 
 
 def _free_port() -> int:

@@ -41,6 +41,16 @@ class Test:
     def strike(self) -> bool:
         return self.verdict == "rejected"
 
+    @property
+    def fix(self) -> list[str]:
+        """The overrides a confirmed test recommends: its delta, or a sweep's best value."""
+        return json.loads(self.tags.get("hyprun.best_delta", "null")) or self.delta
+
+    @property
+    def evidence_run(self) -> str:
+        """The run whose seed jobs hold the evidence: the test's own, or a sweep's best trial."""
+        return self.tags.get("hyprun.best_run", self.run_id)
+
 
 @dataclass
 class State:

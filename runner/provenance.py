@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import platform
 import subprocess
 from importlib import metadata
@@ -48,3 +49,18 @@ def tags(world: int, device: torch.device) -> dict[str, str]:
         except metadata.PackageNotFoundError:
             found[f"version.{package}"] = "absent"
     return found
+
+
+def slurm_tags() -> dict[str, str]:
+    """Which Slurm job (array task) runs this attempt, and how often it was requeued; empty
+    outside Slurm. Set on every attempt, so a resumed run shows its latest."""
+    env = os.environ
+    if "SLURM_JOB_ID" not in env:
+        return {}
+    array = env.get("SLURM_ARRAY_JOB_ID")
+    job = f"{array}_{env['SLURM_ARRAY_TASK_ID']}" if array else env["SLURM_JOB_ID"]
+    return {
+        "slurm.job_id": job,
+        "slurm.nodes": env.get("SLURM_JOB_NODELIST", ""),
+        "slurm.restarts": env.get("SLURM_RESTART_COUNT", "0"),
+    }

@@ -88,7 +88,7 @@ def _plot(store: Store, state: State, metric: str, path: Path) -> Path | None:
     ax.fill_between(marks, low, high, alpha=0.25, color="gray", label="baseline seeds (min-max)")
     ax.plot(marks, mean, color="black", label="baseline mean")
     for test in state.tests:
-        runs = [r.info.run_id for r in store.seed_runs(test.run_id)]
+        runs = [r.info.run_id for r in store.seed_runs(test.evidence_run)]
         band = _band(store, runs, metric) if runs else None
         if band is not None:
             ax.plot(

@@ -5,12 +5,13 @@ to a token budget, evaluate on a fixed held-out set at fixed token marks, and re
 one MLflow run (resumed, not duplicated, when the job is rerun after an interruption).
 
 Exit codes: 0 the job ran to its end (completed, or diverged: a recorded result), 2 bad input
-(nothing started), 75 interrupted by SIGTERM/SIGUSR1 after a checkpoint (rerun to resume).
+(nothing started), 75 interrupted by SIGTERM/SIGUSR1/SIGUSR2 after a checkpoint (rerun to resume).
 """
 
 from __future__ import annotations
 
 import math
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -83,6 +84,8 @@ class JobResult:
     tokens: int
     train_loss: float | None
     eval_loss: float | None
+    stopped_by: str | None = None
+    """The signal that interrupted the job (SIGTERM, SIGUSR1, SIGUSR2), if one did."""
 
 
 def run(cfg: DictConfig, on_eval: Callable[[int, float], bool] | None = None) -> JobResult:
@@ -138,7 +141,8 @@ def run(cfg: DictConfig, on_eval: Callable[[int, float], bool] | None = None) ->
     if status == "interrupted":
         loop.checkpoint(ckpt, step)
     if tracker is not None:
-        tags = {"hyprun.outcome": status, "hyprun.tokens": step * plan.tokens_per_step}
+        tags = {"hyprun.outcome": status, "hyprun.tokens": step * plan.tokens_per_step,
+                "hyprun.steps": step}  # fmt: skip
         if loop.nan_module:
             tags["hyprun.nan_module"] = loop.nan_module
         tracker.set_tags(tags)
@@ -147,7 +151,9 @@ def run(cfg: DictConfig, on_eval: Callable[[int, float], bool] | None = None) ->
     if status != "interrupted":
         distributed.barrier()
         ckpt.finish()
-    result = JobResult(run_id, status, step, step * plan.tokens_per_step, train_loss, eval_loss)
+    stopped_by = signal.Signals(signals.received).name if signals.received else None
+    result = JobResult(run_id, status, step, step * plan.tokens_per_step, train_loss, eval_loss,
+                       stopped_by)  # fmt: skip
     if dist.is_main:
         console.print(_summary(result))
     return result
@@ -311,6 +317,8 @@ def _open_tracker(cfg: DictConfig, dist, previous_run: str | None) -> Tracker:
                 "hyprun.outcome": "running",
             }
         )
+    if slurm := provenance.slurm_tags():
+        tracker.set_tags(slurm)
     return tracker
 
 
@@ -332,8 +340,9 @@ def _summary(r: JobResult) -> str:
     )
 
 
-@hydra.main(config_path="pkg://conf", config_name="train", version_base="1.3")
-def hydra_main(cfg: DictConfig) -> float | None:
+def task(cfg: DictConfig) -> float | None:
+    """One job as a Hydra task. Undecorated and importable: a launcher that pickles the task
+    function (hydra-submitit) pickles a reference to it, not this module's globals."""
     try:
         result = run(cfg)
     except BadInput as error:
@@ -342,6 +351,9 @@ def hydra_main(cfg: DictConfig) -> float | None:
     if result.status == "interrupted":
         sys.exit(EXIT_INTERRUPTED)
     return result.eval_loss  # what a Hydra sweeper minimises
+
+
+hydra_main = hydra.main(config_path="pkg://conf", config_name="train", version_base="1.3")(task)
 
 
 HYDRA_FLAGS = ("-m", "--multirun", "--cfg", "-c", "--help", "-h", "--hydra-help", "--info", "-i")
@@ -364,4 +376,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    # The importable module's main, not __main__'s, so that `task` pickles by reference.
+    from runner.train import main as importable_main
+
+    importable_main()

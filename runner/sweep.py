@@ -1,0 +1,278 @@
+"""`hyprun sweep 'KEY=SWEEP' --trials N`: one hypothesis about one variable, searched by Optuna.
+
+The variable and its range are written in Hydra's sweep grammar: `optim.lr=tag(log,
+interval(1e-5, 1e-3))`, `optim.lr=choice(1e-4, 3e-4)`, `model.n_layer=tag(int, interval(2, 8))`,
+`model.n_layer=range(2, 8)`. Optuna (ask/tell; the study in a journal file next to the
+investigation, `.hyprun/sweeps/`) proposes the
+values. Each trial runs the baseline's seeds through the investigation's launcher (on Slurm each
+batch of trials is one job array) and records below its own MLflow run. A trial whose held-out
+loss falls clearly behind the baseline band is pruned by `BaselinePruner`, the same rule that
+stops a plain test early.
+
+The sweep's verdict is the best trial's, judged with a confirmation threshold corrected for having
+looked N times (Bonferroni: the best of N noisy trials would otherwise beat the baseline by luck
+far more often than one test). A sweep is one test: it takes at most one strike.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import optuna
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import Override
+from hydra.errors import HydraException
+from optuna.distributions import (
+    BaseDistribution,
+    CategoricalDistribution,
+    FloatDistribution,
+    IntDistribution,
+)
+from optuna.pruners import BasePruner
+from optuna.trial import TrialState
+
+from diag.verdict import MetricSpec, early_reject
+from runner.compose import compose
+from runner.controller import (
+    DEFAULT_PRIMARY,
+    Outcome,
+    _curves,
+    claim,
+    decide,
+    open_test,
+    record_error,
+    record_verdict,
+    refusals_as_outcomes,
+    refuse_repeat,
+    seed_configs,
+    where_tests_run,
+)
+from runner.delta import Delta, measure
+from runner.errors import BadInput, JobsFailed
+from runner.investigation import State, Store
+from runner.launch import Failed, InProcess, Job, safe_name, split
+from runner.train import JobResult
+
+SWEEPS = Path(".hyprun/sweeps")
+
+
+def parse(argument: list[str]) -> Override:
+    """The one sweep override, or BadInput: a sweep searches one variable."""
+    try:
+        overrides = OverridesParser.create().parse_overrides(argument)
+    except HydraException as error:
+        raise BadInput(f"cannot parse the sweep ({' '.join(str(error).split())}): write e.g. "
+                       "'optim.lr=tag(log, interval(1e-5, 1e-3))'") from None  # fmt: skip
+    if len(overrides) != 1:
+        keys = ", ".join(o.key_or_group for o in overrides)
+        raise BadInput(f"the sweep changes {len(overrides)} variables ({keys}): a sweep searches "
+                       "one variable; sweep them one at a time")  # fmt: skip
+    if not overrides[0].is_sweep_override():
+        raise BadInput(f"{argument[0]} is one value, not a sweep: use 'hyprun test {argument[0]}', "
+                       "or write interval(a, b), choice(a, b, ...) or range(a, b)")  # fmt: skip
+    return overrides[0]
+
+
+def distribution(override: Override) -> BaseDistribution:
+    """Hydra's sweep as an Optuna distribution (interval -> float/int, log when tagged)."""
+    if override.is_interval_sweep():
+        sweep = override.value()
+        log = "log" in sweep.tags
+        if "int" in sweep.tags:  # Hydra's interval is a float range; tag(int, ...) makes it whole
+            return IntDistribution(int(sweep.start), int(sweep.end), log=log)
+        return FloatDistribution(float(sweep.start), float(sweep.end), log=log)
+    return CategoricalDistribution(list(override.sweep_iterator()))
+
+
+def candidates(dist: BaseDistribution) -> list[Any]:
+    """Values that bound what the sweep can propose: its ends, or every choice."""
+    if isinstance(dist, CategoricalDistribution):
+        return list(dist.choices)
+    return [dist.low, dist.high]
+
+
+def as_override(key: str, value: Any) -> str:
+    return f"{key}={value:.6g}" if isinstance(value, float) else f"{key}={value}"
+
+
+def one_variable(baseline: list[str], key: str, dist: BaseDistribution) -> Delta:
+    """Every value the sweep can take must pass the one-variable rule, on this one key."""
+    delta = None
+    for value in candidates(dist):
+        try:
+            found = measure(baseline, [as_override(key, value)])
+        except BadInput as error:
+            if "changes nothing" in str(error):
+                continue  # the baseline's own value is a fair candidate
+            raise
+        delta = delta or found
+    if delta is None:
+        raise BadInput(f"every value of the sweep over {key} equals the baseline's: widen it")
+    return delta
+
+
+class BaselinePruner(BasePruner):
+    """Prunes a trial once its seeds' held-out loss is clearly behind the baseline band
+    (diag.verdict.early_reject, the rule that stops a plain test early). The trial's curves,
+    seed -> [(tokens, loss)], are its `curves` user attribute."""
+
+    def __init__(self, baseline: dict[int, list[tuple[int, float]]], spec: MetricSpec,
+                 budget: int):  # fmt: skip
+        self.baseline, self.spec, self.budget = baseline, spec, budget
+
+    def prune(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> bool:
+        curves = {int(seed): [tuple(p) for p in points]
+                  for seed, points in trial.user_attrs.get("curves", {}).items()}  # fmt: skip
+        return early_reject(self.baseline, curves, self.spec, self.budget) is not None
+
+
+class TrialWatch:
+    """Feeds a trial's held-out losses to Optuna as its seeds report them."""
+
+    def __init__(self, trial: optuna.Trial):
+        self.trial = trial
+        self.curves: dict[str, list[tuple[int, float]]] = {}
+
+    def for_seed(self, seed: int):
+        def on_eval(tokens: int, value: float) -> bool:
+            self.curves.setdefault(str(seed), []).append((tokens, value))
+            self.trial.set_user_attr("curves", self.curves)
+            if seed == 0:  # one curve per trial for Optuna's own plots
+                self.trial.report(value, tokens)
+            return self.trial.should_prune()
+
+        return on_eval
+
+
+@refusals_as_outcomes
+def sweep(store: Store, name: str | None, argument: list[str], trials: int, why: str,
+          parallel: int | None = None) -> Outcome:  # fmt: skip
+    """Search one variable with Optuna; one verdict, one strike at most."""
+    state = open_test(store, name, why)
+    argument, launcher_overrides = split(argument)
+    override = parse(argument)
+    key, dist = override.key_or_group, distribution(override)
+    one_variable(state.baseline["overrides"], key, dist)
+    if trials < 2:
+        raise BadInput(f"--trials {trials}: a sweep needs 2 or more (one value: 'hyprun test')")
+    refuse_repeat(state, list(argument))
+    launcher = where_tests_run(state, launcher_overrides, f"H{len(state.tests) + 1}-sweep")
+    test_run, number = claim(store, state, Delta(tuple(argument), key, {}, ()), None, why)
+
+    label = f"H{number} {key}: sweep {trials} trials"
+    study = _study(store, state, number, key, dist, trials)
+    record = {"study": study.study_name, "trials": trials, "storage": str(_journal(state))}
+    store.tag(test_run, {"hyprun.sweep": json.dumps(record)})
+    batch = 1 if isinstance(launcher, InProcess) else (parallel or trials)
+    try:
+        while (left := trials - sum(t.state.is_finished() for t in study.trials)) > 0:
+            asked = [study.ask({key: dist}) for _ in range(min(batch, left))]
+            _run_trials(store, state, test_run, number, key, asked, study, launcher)
+    except Exception as error:  # infrastructure, not evidence: no strike
+        return record_error(store, test_run, label, error)
+    table = _table(study)
+    store.text(test_run, json.dumps(table, indent=2, default=str), "sweep.json")
+    verdict, extra = _verdict(store, state, study, key, table)
+    return record_verdict(store, state, test_run, label, verdict, extra)
+
+
+def _journal(state: State) -> Path:
+    return SWEEPS / f"{safe_name(state.name)}.journal"
+
+
+def _study(store: Store, state: State, number: int, key: str, dist: BaseDistribution,
+           trials: int) -> optuna.Study:  # fmt: skip
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    path = _journal(state)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    budget = compose(state.baseline["overrides"]).budget.tokens
+    baseline = _curves(store, state.baseline["seed_runs"], DEFAULT_PRIMARY.metric)
+    study = optuna.create_study(
+        storage=JournalStorage(JournalFileBackend(str(path))),
+        study_name=f"{state.name}/H{number}",
+        direction="minimize",
+        sampler=optuna.samplers.TPESampler(seed=0),
+        pruner=BaselinePruner(baseline, DEFAULT_PRIMARY, int(budget)),
+    )
+    if isinstance(dist, CategoricalDistribution):  # every choice once before any repeats
+        for choice in dist.choices[:trials]:
+            study.enqueue_trial({key: choice})
+    return study
+
+
+def _run_trials(store: Store, state: State, test_run: str, number: int, key: str,
+                asked: list[optuna.Trial], study: optuna.Study, launcher) -> None:  # fmt: skip
+    """One batch of trials: their seeds as one launch; each trial told its value or fate."""
+    jobs, runs = [], {}
+    for trial in asked:
+        value = trial.params[key]
+        trial_label = f"H{number}.{trial.number} {as_override(key, value)}"
+        runs[trial.number] = store.child(test_run, trial_label, {
+            "hyprun.role": "trial", "hyprun.investigation": state.name,
+            "hyprun.trial": str(trial.number), "hyprun.value": str(value),
+        })  # fmt: skip
+        trial.set_user_attr("run_id", runs[trial.number])
+        watch = TrialWatch(trial)
+        configs = seed_configs(store, state, [as_override(key, value)], runs[trial.number],
+                               f"H{number}.{trial.number}")  # fmt: skip
+        jobs += [Job(cfg, watch.for_seed(seed), group=str(trial.number))
+                 for seed, cfg in enumerate(configs)]  # fmt: skip
+    outcomes = launcher.run(jobs, lambda ids: store.tag(test_run, {"slurm.jobs": ",".join(ids)}))
+    for trial in asked:
+        mine = [o for j, o in zip(jobs, outcomes, strict=True) if j.group == str(trial.number)]
+        run_id = runs[trial.number]
+        if any(isinstance(o, Failed) for o in mine):
+            study.tell(trial, state=TrialState.FAIL)
+            reason = "; ".join(o.reason for o in mine if isinstance(o, Failed))
+            store.tag(run_id, {"hyprun.verdict": "error", "hyprun.reason": reason})
+            store.finish(run_id, "FAILED")
+        elif any(isinstance(o, JobResult) and o.status == "stopped" for o in mine) or (
+            None in mine
+        ):
+            study.tell(trial, state=TrialState.PRUNED)
+            store.tag(run_id, {"hyprun.verdict": "pruned"})
+            store.finish(run_id)
+        else:
+            verdict = decide(store, state, mine, DEFAULT_PRIMARY, [])
+            study.tell(trial, verdict["test_value"])
+            store.tag(run_id, {"hyprun.verdict": verdict["status"],
+                               "hyprun.reason": verdict["reason"]})  # fmt: skip
+            store.metrics(run_id, {"sweep/eval_loss": verdict["test_value"],
+                                   "sweep/effect": verdict["effect"]})  # fmt: skip
+            store.finish(run_id)
+
+
+def _table(study: optuna.Study) -> list[dict[str, Any]]:
+    return [{"trial": t.number, "params": t.params, "state": t.state.name, "value": t.value,
+             "run_id": t.user_attrs.get("run_id")} for t in study.trials]  # fmt: skip
+
+
+def _verdict(store: Store, state: State, study: optuna.Study, key: str,
+             table: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, str]]:  # fmt: skip
+    """The best trial's verdict, corrected for every trial looked at (failed ones were not)."""
+    looks = sum(t.state != TrialState.FAIL for t in study.trials)
+    complete = [t for t in study.trials if t.state == TrialState.COMPLETE]
+    pruned = sum(t.state == TrialState.PRUNED for t in study.trials)
+    if not complete:
+        if looks == 0:
+            raise JobsFailed("every trial failed")
+        reason = f"all {pruned} trials fell clearly behind the baseline band and were pruned"
+        return {"status": "rejected", "reason": reason, "effect": None, "looks": looks,
+                "pruned": pruned, "trials": table}, {}  # fmt: skip
+    best = min(complete, key=lambda t: t.value)
+    best_run = best.user_attrs["run_id"]
+    results = [JobResult(r.info.run_id, r.data.tags.get("hyprun.outcome", "completed"), 0, 0,
+                         None, None) for r in store.seed_runs(best_run)]  # fmt: skip
+    verdict = decide(store, state, results, DEFAULT_PRIMARY, [], looks=looks)
+    best_delta = as_override(key, best.params[key])
+    verdict.update(best=best_delta, best_trial=best.number, pruned=pruned, trials=table)
+    verdict["reason"] = (
+        f"best {best_delta} (trial {best.number}, {pruned} pruned): " + verdict["reason"]
+    )
+    extra = {"hyprun.best_delta": json.dumps([best_delta]), "hyprun.best_run": best_run}
+    return verdict, extra

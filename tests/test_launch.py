@@ -1,0 +1,53 @@
+"""Launcher choice and its guards (no cluster needed; tests/e2e/test_slurm.py runs the jobs)."""
+
+from __future__ import annotations
+
+import pytest
+
+from runner.controller import where_tests_run
+from runner.errors import BadInput
+from runner.investigation import State
+from runner.launch import InProcess, Slurm, launcher_for, launcher_params, safe_name, split
+
+
+def test_launcher_overrides_are_split_from_the_job_and_compose_hydra_submitit_configs(tmp_path):
+    job, launcher = split(["optim.lr=1e-3", "hydra/launcher=slurm_8xa100",
+                           "hydra.launcher.partition=a100"])  # fmt: skip
+    assert job == ["optim.lr=1e-3"]
+    params = launcher_params(launcher)
+    assert (params["tasks_per_node"], params["gpus_per_node"], params["nodes"]) == (8, 8, 1)
+    assert params["partition"] == "a100" and params["additional_parameters"] == {"requeue": True}
+    assert params["signal_delay_s"] == 120 and params["max_num_timeout"] > 0
+    assert launcher_params(["hydra/launcher=slurm_cpu"])["tasks_per_node"] == 1
+    assert isinstance(launcher_for([], tmp_path, "x"), InProcess)
+    assert isinstance(launcher_for(launcher, tmp_path, "x"), Slurm)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["hydra.launcher.partition=gpu"], "needs a launcher"),
+        (["hydra/launcher=submitit_local"], "Slurm only"),
+        (["hydra/launcher=slurm_cpu", "hydra.launcher.qos='a\nb'"], "line break"),
+        (["hydra/launcher=nope"], "no config"),
+    ],
+)
+def test_bad_launcher_overrides_are_refused(overrides, message, tmp_path):
+    with pytest.raises(BadInput, match=message):
+        launcher_for(overrides, tmp_path, "x")
+
+
+def test_tests_run_on_the_baselines_hardware():
+    state = State("inv", "run", {"launcher": ["hydra/launcher=slurm_cpu"]})
+    assert isinstance(where_tests_run(state, ["hydra.launcher.partition=other"], "H1"), Slurm)
+    for given in (["hydra/launcher=slurm_8xa100"], ["hydra.launcher.gpus_per_node=4"]):
+        with pytest.raises(BadInput, match="other hardware"):
+            where_tests_run(state, given, "H1")
+    local = State("inv", "run", {"launcher": []})
+    with pytest.raises(BadInput, match="other hardware"):
+        where_tests_run(local, ["hydra/launcher=slurm_cpu"], "H1")
+
+
+def test_job_names_cannot_break_out_of_their_sbatch_line():
+    assert safe_name("a$(touch x);\n#SBATCH --wrap='id'") == "a-touch-x-SBATCH---wrap-id"
+    assert safe_name("\n;$") == "hyprun"
