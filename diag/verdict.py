@@ -220,6 +220,10 @@ class Verdict:
     """Degrees of freedom of the noise estimate (inf when sigma was assumed)."""
     looks: int = 1
     """How many candidates the test was the best of (a sweep's trials); z_needed corrects for it."""
+    baseline_sigma: float = math.nan
+    """Per-seed spread (sample std) of the baseline at the matched tokens, metric units."""
+    test_sigma: float = math.nan
+    """Per-seed spread of the test (the baseline's when the test has one seed)."""
 
     def to_dict(self) -> dict:
         """Plain, JSON-safe dict: NaN and infinite floats become None."""
@@ -758,6 +762,8 @@ def compare(
         z_needed=z_needed,
         df=c.df,
         looks=looks,
+        baseline_sigma=c.sigma_b,
+        test_sigma=c.sigma_t,
     )
 
 

@@ -197,6 +197,7 @@ def claim(store: Store, state: State, delta: Delta, card: Card | None, why: str)
         "hyprun.why": why,
         "hyprun.claimed_ms": str(int(time.time() * 1000)),
     })  # fmt: skip
+    store.params(run_id, changed_params(delta))
     state = store.refresh(state)
     mine = next(t for t in state.tests if t.run_id == run_id)
     order = (mine.started, mine.run_id)
@@ -209,6 +210,16 @@ def claim(store: Store, state: State, delta: Delta, card: Card | None, why: str)
         raise Refused(code, f"{len(ahead)} tests ahead could still take the last strikes: "
                             "wait for them ('hyprun status')")  # fmt: skip
     return run_id, number
+
+
+def changed_params(delta: Delta) -> dict[str, str]:
+    """The test run's params: only what it changes, and from what. MLflow's compare view of
+    test runs then shows exactly the one difference (every seed run has the full config)."""
+    params = {"variable": delta.variable}
+    for key, (before, after) in list(delta.changes.items())[:100]:
+        params[key] = str(after)
+        params[f"baseline.{key}"] = str(before)
+    return params
 
 
 class Refused(Exception):
@@ -270,7 +281,7 @@ def test(store: Store, name: str | None, argument: list[str], why: str) -> Outco
     watch = EarlyRejection(store, state, primary)
     jobs = [Job(cfg, watch.for_seed(seed, cfg.budget.tokens))
             for seed, cfg in enumerate(seed_configs(store, state, delta.overrides, test_run,
-                                                    f"H{number}"))]  # fmt: skip
+                                                    f"H{number}", delta.variable))]  # fmt: skip
     try:
         results = run_jobs(store, test_run, launcher, jobs)
     except Exception as error:  # infrastructure, not evidence: no strike
@@ -285,9 +296,11 @@ def test(store: Store, name: str | None, argument: list[str], why: str) -> Outco
 
 
 def seed_configs(store: Store, state: State, delta: tuple[str, ...] | list[str], parent: str,
-                 label: str) -> list[DictConfig]:  # fmt: skip
-    """The baseline's seeds with `delta` on top, recording below `parent`."""
-    tags = {"hyprun.role": "test-seed", "hyprun.investigation": state.name}
+                 label: str, variable: str) -> list[DictConfig]:  # fmt: skip
+    """The baseline's seeds with `delta` on top, recording below `parent` (tagged so the runs
+    table filters seed runs by variable and delta too)."""
+    tags = {"hyprun.role": "test-seed", "hyprun.investigation": state.name,
+            "hyprun.variable": variable, "hyprun.delta": json.dumps(list(delta))}  # fmt: skip
     return [job_config(store, [*state.baseline["overrides"], *delta], seed, parent,
                        f"{label} · seed {seed}", tags)
             for seed in range(state.baseline["seeds"])]  # fmt: skip
@@ -302,6 +315,19 @@ def record_error(store: Store, test_run: str, label: str, error: BaseException) 
     return Outcome(1, label.split()[0], {"status": "error"})
 
 
+AGGREGATES = {  # verdict field -> metric on the test run, so the runs table sorts by them
+    "effect": "effect", "noise": "noise", "test_value": "seed_mean", "test_sigma": "seed_std",
+    "baseline_value": "baseline_mean", "baseline_sigma": "baseline_std",
+    "tokens_saved": "tokens_saved",
+}  # fmt: skip
+
+
+def aggregates(verdict: dict[str, Any]) -> dict[str, float]:
+    """The verdict's numbers as metrics (logged at the matched token count)."""
+    return {name: verdict[key] for key, name in AGGREGATES.items()
+            if isinstance(verdict.get(key), int | float)}  # fmt: skip
+
+
 def record_verdict(store: Store, state: State, test_run: str, label: str,
                    verdict: dict[str, Any], extra: dict[str, str]) -> Outcome:  # fmt: skip
     """Write a test's verdict on its run, update the investigation, escalate on the last strike."""
@@ -313,8 +339,7 @@ def record_verdict(store: Store, state: State, test_run: str, label: str,
         "hyprun.early": str(bool(verdict.get("early"))).lower(),
         **extra,
     })  # fmt: skip
-    store.metrics(test_run, {k: verdict[k] for k in ("effect", "noise", "tokens_saved")
-                             if verdict.get(k) is not None})  # fmt: skip
+    store.metrics(test_run, aggregates(verdict), step=verdict.get("tokens") or 0)
     store.text(test_run, json.dumps(verdict, indent=2, default=str), "verdict.json")
     store.rename(test_run, f"{label} · {verdict['status']}")
     store.finish(test_run)

@@ -162,13 +162,18 @@ class Store:
     def text(self, run_id: str, text: str, path: str) -> None:
         self.client.log_text(run_id, text, path)
 
-    def metrics(self, run_id: str, values: dict[str, float]) -> None:
+    def metrics(self, run_id: str, values: dict[str, float], step: int = 0) -> None:
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
         self.client.log_batch(
-            run_id, metrics=[Metric(k, float(v), now, 0) for k, v in values.items()]
+            run_id, metrics=[Metric(k, float(v), now, step) for k, v in values.items()]
         )
+
+    def params(self, run_id: str, values: dict[str, str]) -> None:
+        from mlflow.entities import Param
+
+        self.client.log_batch(run_id, params=[Param(k, v[:6000]) for k, v in values.items()])
 
     def finish(self, run_id: str, status: str = "FINISHED") -> None:
         self.client.set_terminated(run_id, status=status)

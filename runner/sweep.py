@@ -39,6 +39,7 @@ from runner.controller import (
     DEFAULT_PRIMARY,
     Outcome,
     _curves,
+    aggregates,
     claim,
     decide,
     open_test,
@@ -213,13 +214,15 @@ def _run_trials(store: Store, state: State, test_run: str, number: int, key: str
         value = trial.params[key]
         trial_label = f"H{number}.{trial.number} {as_override(key, value)}"
         runs[trial.number] = store.child(test_run, trial_label, {
-            "hyprun.role": "trial", "hyprun.investigation": state.name,
+            "hyprun.role": "sweep-trial", "hyprun.investigation": state.name,
+            "hyprun.variable": key,
             "hyprun.trial": str(trial.number), "hyprun.value": str(value),
         })  # fmt: skip
+        store.params(runs[trial.number], {"variable": key, key: str(value)})
         trial.set_user_attr("run_id", runs[trial.number])
         watch = TrialWatch(trial)
         configs = seed_configs(store, state, [as_override(key, value)], runs[trial.number],
-                               f"H{number}.{trial.number}")  # fmt: skip
+                               f"H{number}.{trial.number}", key)  # fmt: skip
         jobs += [Job(cfg, watch.for_seed(seed), group=str(trial.number))
                  for seed, cfg in enumerate(configs)]  # fmt: skip
     outcomes = launcher.run(jobs, lambda ids: store.tag(test_run, {"slurm.jobs": ",".join(ids)}))
@@ -242,8 +245,7 @@ def _run_trials(store: Store, state: State, test_run: str, number: int, key: str
             study.tell(trial, verdict["test_value"])
             store.tag(run_id, {"hyprun.verdict": verdict["status"],
                                "hyprun.reason": verdict["reason"]})  # fmt: skip
-            store.metrics(run_id, {"sweep/eval_loss": verdict["test_value"],
-                                   "sweep/effect": verdict["effect"]})  # fmt: skip
+            store.metrics(run_id, aggregates(verdict), step=verdict["tokens"])
             store.finish(run_id)
 
 

@@ -111,6 +111,18 @@ def test_verdicts_strikes_escalation_and_reset(store, low_lr, workdir, webhook, 
         controller.test(store, "low-lr", ["optim.lr=0.001"], WHY)
     checked = controller.verify(store, "low-lr", "H1")
     assert checked == {"test": "H1", "resolved": ["loss_flat"], "still": [], "new": []}
+    # The MLflow UI's view of it: only the changed key as params, the verdict's numbers as
+    # metrics at the matched tokens, filterable tags down to the seed runs.
+    h1 = store.client.get_run(store.refresh(low_lr).tests[0].run_id)
+    assert h1.data.params == {"variable": "optim.lr", "optim.lr": "0.001",
+                              "baseline.optim.lr": "1e-05"}  # fmt: skip
+    means = store.client.get_metric_history(h1.info.run_id, "seed_mean")
+    assert [m.step for m in means] == [better.verdict["tokens"]]
+    assert means[0].value == pytest.approx(better.verdict["test_value"])
+    assert {"effect", "noise", "seed_std", "baseline_mean", "baseline_std"} <= set(h1.data.metrics)
+    for seed_run in store.seed_runs(h1.info.run_id):
+        assert seed_run.data.tags["hyprun.variable"] == "optim.lr"
+        assert seed_run.data.tags["hyprun.role"] == "test-seed"
 
     for factor in ("*0.1", "*0.01", "*0.5"):  # three hypotheses that cannot help
         outcome = controller.test(store, "low-lr", [f"optim.lr={factor}"], WHY)

@@ -104,6 +104,9 @@ def test_an_in_process_sweep_takes_one_verdict(workdir):
     table = {json.dumps(t["params"]): t["state"] for t in outcome.verdict["trials"]}
     assert table == {'{"optim.lr": 1e-07}': "PRUNED", '{"optim.lr": 0.003}': "COMPLETE"}
     assert outcome.verdict["looks"] == 2 and outcome.verdict["pruned"] == 1
+    experiment = store.client.get_run(test.run_id).info.experiment_id
+    trials = store.client.search_runs([experiment], "tags.`hyprun.role` = 'sweep-trial'")
+    assert sorted(r.data.params["optim.lr"] for r in trials) == ["0.003", "1e-07"]
     if test.verdict == "confirmed":
         assert test.fix == ["optim.lr=0.003"] and test.evidence_run != test.run_id
     with pytest.raises(BadInput, match="tested already"):

@@ -96,7 +96,9 @@ def test_sweep_of_four_trials_runs_as_one_job_array(investigation, mlflow_server
     sweep = state.tests[-1]
     jobs = sweep.tags["slurm.jobs"].split(",")
     assert len(jobs) == 8 and len({j.split("_")[0] for j in jobs}) == 1  # 4 trials x 2 seeds
-    trials = [r for r in store._children(sweep.run_id) if r.data.tags["hyprun.role"] == "trial"]
+    trials = [
+        r for r in store._children(sweep.run_id) if r.data.tags["hyprun.role"] == "sweep-trial"
+    ]
     assert len(trials) == 4
     path = store.client.download_artifacts(sweep.run_id, "verdict.json", str(folder))
     verdict = json.loads(Path(path).read_text())
