@@ -49,6 +49,7 @@ class Tracker:
         self._last_flush = time.monotonic()
         self._outbox: queue.Queue[list[Metric] | None] = queue.Queue()
         self._error: BaseException | None = None
+        self._system = None
         self._writer = threading.Thread(target=self._write, name="hyprun-mlflow", daemon=True)
         self._writer.start()
         # A resumed run recomputes the steps after its last checkpoint with identical values;
@@ -108,8 +109,22 @@ class Tracker:
     def log_text(self, text: str, artifact_file: str) -> None:
         self.client.log_text(self.run_id, text, artifact_file)
 
+    def watch_system(self, every_s: float) -> None:
+        """MLflow's system metrics (CPU, memory, disk, network; GPU with pynvml) every
+        `every_s` seconds as `system/*`, continuing a resumed run's steps; 0 turns it off."""
+        if every_s <= 0:
+            return
+        from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+        self._system = SystemMetricsMonitor(self.run_id, sampling_interval=every_s,
+                                            resume_logging=self.resumed,
+                                            tracking_uri=self.client.tracking_uri)  # fmt: skip
+        self._system.start()
+
     def finish(self, status: str) -> None:
         """Flush and close the run: FINISHED, FAILED (e.g. diverged) or KILLED (interrupted)."""
+        if self._system is not None:
+            self._system.finish()
         self.flush(wait=True)
         self._outbox.put(None)
         self.client.set_terminated(self.run_id, status=status)

@@ -319,6 +319,7 @@ def _open_tracker(cfg: DictConfig, dist, previous_run: str | None) -> Tracker:
         )
     if slurm := provenance.slurm_tags():
         tracker.set_tags(slurm)
+    tracker.watch_system(t.system_metrics_every_s)
     return tracker
 
 

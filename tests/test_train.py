@@ -110,3 +110,12 @@ def test_sparser_logging_reports_the_window_mean(workdir):
     assert [s for s, _ in points] == [2048, 4096]
     expected = [(dense[0] + dense[1]) / 2, (dense[2] + dense[3]) / 2]
     assert [v for _, v in points] == pytest.approx(expected, rel=1e-6)
+
+
+def test_system_metrics_are_recorded_on_the_job_run(workdir):
+    cfg = job_config(workdir, "tracking.system_metrics_every_s=0.2",
+                     "data.source.loader_delay_ms=300")  # fmt: skip
+    result = run(cfg)
+    metrics = MlflowClient(cfg.tracking.uri).get_run(result.run_id).data.metrics
+    assert metrics["system/cpu_utilization_percentage"] >= 0
+    assert metrics["system/system_memory_usage_megabytes"] > 0
