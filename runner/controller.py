@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import functools
 import json
+import os
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,8 +32,18 @@ from runner.checkpoint import config_hash
 from runner.compose import compose
 from runner.delta import Delta, measure
 from runner.errors import BadInput, JobsFailed
-from runner.investigation import STRIKES, State, Store
-from runner.launch import Failed, InProcess, Job, Slurm, launcher_for, safe_name, split
+from runner.investigation import STRIKES, State, Store, Test
+from runner.launch import (
+    Failed,
+    InProcess,
+    Job,
+    Slurm,
+    cancel_active,
+    launcher_for,
+    result_of,
+    safe_name,
+    split,
+)
 from runner.notify import notify
 from runner.train import JobResult
 from runner.validate import validate
@@ -196,6 +208,7 @@ def claim(store: Store, state: State, delta: Delta, card: Card | None, why: str)
         "hyprun.verdict": "running",
         "hyprun.why": why,
         "hyprun.claimed_ms": str(int(time.time() * 1000)),
+        "hyprun.controller": controller_id(),
     })  # fmt: skip
     store.params(run_id, changed_params(delta))
     state = store.refresh(state)
@@ -272,18 +285,28 @@ def test(store: Store, name: str | None, argument: list[str], why: str) -> Outco
     card, overrides = choose(argument, load_cards())
     baseline_overrides = state.baseline["overrides"]
     delta = measure(baseline_overrides, overrides)
-    refuse_repeat(state, list(delta.overrides))
     launcher = where_tests_run(state, launcher_overrides, f"H{len(state.tests) + 1}")
-    test_run, number = claim(store, state, delta, card, why)
+    earlier = state.tested(list(delta.overrides))
+    if earlier is not None and orphaned(earlier):  # the same command again, after a crash
+        test_run, number = earlier.run_id, earlier.number
+        store.tag(test_run, {"hyprun.controller": controller_id()})
+        cancel_active(earlier.tags.get("slurm.jobs", ""))  # they checkpoint; resubmitted below
+        console.print(f"H{number}: resuming the test a crashed controller left running")
+    else:
+        refuse_repeat(state, list(delta.overrides))
+        test_run, number = claim(store, state, delta, card, why)
 
     primary = _spec(card.primary) if card else DEFAULT_PRIMARY
     guards = [_spec(g) for g in card.guards] if card else []
     watch = EarlyRejection(store, state, primary)
+    configs = seed_configs(store, state, delta.overrides, test_run, f"H{number}", delta.variable)
+    done = finished_seeds(store, test_run)  # a resumed test does not rerun finished seeds
+    for seed in done:
+        watch.partial[seed] = store.history(done[seed].run_id, primary.metric)
     jobs = [Job(cfg, watch.for_seed(seed, cfg.budget.tokens))
-            for seed, cfg in enumerate(seed_configs(store, state, delta.overrides, test_run,
-                                                    f"H{number}", delta.variable))]  # fmt: skip
+            for seed, cfg in enumerate(configs) if seed not in done]  # fmt: skip
     try:
-        results = run_jobs(store, test_run, launcher, jobs)
+        results = [*done.values(), *run_jobs(store, test_run, launcher, jobs)]
     except Exception as error:  # infrastructure, not evidence: no strike
         return record_error(store, test_run, f"H{number} {delta.describe()}", error)
 
@@ -293,6 +316,36 @@ def test(store: Store, name: str | None, argument: list[str], why: str) -> Outco
         verdict = decide(store, state, results, primary, guards)
     extra = {"hyprun.claimed": card.claimed.effect} if card and card.claimed else {}
     return record_verdict(store, state, test_run, f"H{number} {delta.describe()}", verdict, extra)
+
+
+def controller_id() -> str:
+    """Who runs a test: host and process, so a rerun can tell a crashed controller's test."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def orphaned(test: Test) -> bool:
+    """A test still `running` whose controller process on this host is gone (kill -9, a
+    crash, a closed terminal). Another host's controller cannot be checked: not orphaned."""
+    host, _, pid = test.tags.get("hyprun.controller", "").rpartition(":")
+    if test.verdict != "running" or host != socket.gethostname() or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # alive, someone else's
+        return False
+    return False
+
+
+def finished_seeds(store: Store, test_run: str) -> dict[int, JobResult]:
+    """{seed: result} of the seed jobs below `test_run` that ran to their end."""
+    found = {}
+    for run in store.seed_runs(test_run):
+        result = result_of(store.client, run.info.run_id)
+        if result.status in ("completed", "diverged"):
+            found[int(run.data.tags["hyprun.seed"])] = result
+    return found
 
 
 def seed_configs(store: Store, state: State, delta: tuple[str, ...] | list[str], parent: str,

@@ -317,3 +317,18 @@ def slurm_states(jobs_by_run: dict[str, str]) -> dict[str, dict[str, str]]:
     return {
         run: {j: states.get(j, "UNKNOWN") for j in found} for run, found in ids.items() if found
     }
+
+
+def cancel_active(job_ids: str, timeout_s: float = 300) -> None:
+    """Cancel the comma-separated Slurm jobs still queued or running and wait until they are
+    over (a cancelled job checkpoints first, so its rerun resumes)."""
+    ids = [j for j in job_ids.split(",") if j]
+    active = [j for j, state in sacct_states(ids).items() if state in WAITING] if ids else []
+    if not active:
+        return
+    subprocess.run(["scancel", *active], check=False, timeout=60)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not any(state in WAITING for state in sacct_states(active).values()):
+            return
+        time.sleep(2)
