@@ -14,6 +14,7 @@ import time
 from rich.console import Console
 
 from runner.errors import BadInput, JobsFailed
+from runner.tracking import TrackingOffline
 
 console = Console(stderr=True, highlight=False, soft_wrap=True)
 
@@ -195,6 +196,16 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_upload(args: argparse.Namespace) -> int:
+    """Deliver the evidence a job kept on disk while its tracking server was away."""
+    from runner.spool import upload
+
+    uri = args.uri or _store().uri
+    count = upload(args.spool, uri)
+    console.print(f"delivered {count} batches from {args.spool} to {uri}")
+    return 0
+
+
 def cmd_reset(args: argparse.Namespace) -> int:
     """Record a human decision on an escalated investigation and reopen it."""
     from runner.controller import reset
@@ -213,7 +224,8 @@ def parser() -> argparse.ArgumentParser:
     handlers = (("train", cmd_train), ("demo", cmd_demo), ("check", cmd_check),
                 ("diagnose", cmd_diagnose), ("profile", cmd_profile), ("baseline", cmd_baseline),
                 ("test", cmd_test), ("sweep", cmd_sweep), ("status", cmd_status),
-                ("reset", cmd_reset), ("verify", cmd_verify), ("report", cmd_report))  # fmt: skip
+                ("reset", cmd_reset), ("verify", cmd_verify), ("report", cmd_report),
+                ("upload", cmd_upload))  # fmt: skip
     for name, fn in handlers:
         commands[name] = sub.add_parser(
             name, help=fn.__doc__.splitlines()[0], description=fn.__doc__
@@ -225,6 +237,8 @@ def parser() -> argparse.ArgumentParser:
     commands["verify"].add_argument("test", nargs="?", help="H<n> (default: the last confirmed)")
     commands["verify"].add_argument("--promote", action="store_true", help="fix -> new baseline")
     commands["report"].add_argument("--out", help="folder (default .hyprun/reports/NAME)")
+    commands["upload"].add_argument("spool", help="the spool.jsonl a job named")
+    commands["upload"].add_argument("--uri", help="MLflow tracking URI (default: the config's)")
     for name in ("baseline", "test", "sweep", "status", "reset", "verify", "report"):
         commands[name].add_argument("--investigation", help="name (default: the newest open one)")
         commands[name].add_argument(
@@ -264,7 +278,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
     try:
         code = args.fn(args)
-    except (BadInput, JobsFailed) as error:
+    except (BadInput, JobsFailed, TrackingOffline) as error:
         console.print(f"hyprun: {error}", markup=False)
         code = error.exit_code
     sys.exit(code)

@@ -4,20 +4,31 @@ Metrics are buffered and sent with `log_batch` (one call per flush, ~40x cheaper
 `log_metric` per value) by a background thread, so the training loop only appends to a list.
 Every metric's MLflow step is the number of tokens seen, so the UI overlays runs with different
 batch sizes at matched tokens.
+
+When the tracking server stops answering, the writer parks what it could not send in a spool
+file on disk (runner/spool.py) and retries every few seconds; training goes on. `finish` waits
+up to `outage_grace_s` for the server, else leaves the evidence on disk with the command that
+uploads it.
 """
 
 from __future__ import annotations
 
+import os
 import queue
 import re
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 from mlflow.entities import Metric, Param, RunTag
+from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
+from runner.spool import Spool
+
 MAX_PARAM_CHARS = 6000
+RETRY_S = 3.0  # how often an unanswered server is tried again
 BATCH_LIMITS = {"metrics": 1000, "params": 100, "tags": 100}
 CREDENTIALS = re.compile(r"(?<=://)[^/@\s]+@")
 
@@ -40,16 +51,23 @@ def flatten(tree: Any, prefix: str = "") -> dict[str, str]:
 class Tracker:
     """One MLflow run of one job, new or resumed, written through a metric buffer."""
 
-    def __init__(self, client: MlflowClient, run_id: str, flush_every_s: float, resumed: bool):
+    def __init__(self, client: MlflowClient, run_id: str, flush_every_s: float, resumed: bool,
+                 spool: Path | None = None, outage_grace_s: float = 600.0):  # fmt: skip
         self.client = client
         self.run_id = run_id
         self.flush_every_s = flush_every_s
         self.resumed = resumed
+        self.outage_grace_s = outage_grace_s
+        self.spool = Spool(spool, run_id) if spool else None
+        self.offline_since: float | None = None
+        """When the server stopped answering (None: it answers)."""
         self._buffer: list[Metric] = []
         self._last_flush = time.monotonic()
-        self._outbox: queue.Queue[list[Metric] | None] = queue.Queue()
+        self._outbox: queue.Queue[tuple[str, Any] | None] = queue.Queue()
         self._error: BaseException | None = None
         self._system = None
+        if self.spool:  # an earlier attempt's undelivered evidence goes first
+            self.spool.deliver(client, self._send_kind)
         self._writer = threading.Thread(target=self._write, name="hyprun-mlflow", daemon=True)
         self._writer.start()
         # A resumed run recomputes the steps after its last checkpoint with identical values;
@@ -67,25 +85,32 @@ class Tracker:
         parent_run_id: str | None = None,
         tags: dict[str, str] | None = None,
         flush_every_s: float = 5.0,
+        spool: Path | None = None,
+        outage_grace_s: float = 600.0,
     ) -> Tracker:
         """Resume `run_id` if given, else create a run (a child of `parent_run_id` if given)."""
+        # A server that stops answering must not stall the writer for minutes per call (MLflow's
+        # default: 7 retries with backoff): fail fast, park the batch on disk, retry later.
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "15")
         client = MlflowClient(tracking_uri=uri)
+        extra = {"spool": spool, "outage_grace_s": outage_grace_s}
         if run_id is not None:
             client.update_run(run_id, status="RUNNING")
-            return cls(client, run_id, flush_every_s, resumed=True)
+            return cls(client, run_id, flush_every_s, resumed=True, **extra)
         tags = dict(tags or {})
         if parent_run_id:
             tags["mlflow.parentRunId"] = parent_run_id
         run = client.create_run(experiment_id(client, experiment), run_name=run_name, tags=tags)
-        return cls(client, run.info.run_id, flush_every_s, resumed=False)
+        return cls(client, run.info.run_id, flush_every_s, resumed=False, **extra)
 
     def log_params(self, params: dict[str, str]) -> None:
         if self.resumed:  # already logged by the first attempt; MLflow params are write-once
             return
-        self._send(params=[Param(k, v) for k, v in params.items()])
+        self._outbox.put(("params", [Param(k, v) for k, v in params.items()]))
 
     def set_tags(self, tags: dict[str, Any]) -> None:
-        self._send(tags=[RunTag(k, redact(str(v))) for k, v in tags.items()])
+        self._outbox.put(("tags", [RunTag(k, redact(str(v))) for k, v in tags.items()]))
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         if step <= self._watermark:
@@ -96,9 +121,10 @@ class Tracker:
             self.flush()
 
     def flush(self, wait: bool = False) -> None:
-        """Hand the buffer to the writer thread; with `wait`, return once all of it is sent."""
+        """Hand the buffer to the writer thread; with `wait`, return once all of it is sent or,
+        while the server is away, safe on disk."""
         if self._buffer:
-            self._outbox.put(self._buffer)
+            self._outbox.put(("metrics", self._buffer))
             self._buffer = []
         self._last_flush = time.monotonic()
         if wait:
@@ -122,33 +148,91 @@ class Tracker:
         self._system.start()
 
     def finish(self, status: str) -> None:
-        """Flush and close the run: FINISHED, FAILED (e.g. diverged) or KILLED (interrupted)."""
+        """Flush and close the run: FINISHED, FAILED (e.g. diverged) or KILLED (interrupted).
+        While the server is away, wait up to `outage_grace_s` for it; then raise TrackingOffline
+        with the evidence on disk."""
         if self._system is not None:
             self._system.finish()
+        self._outbox.put(("status", status))
         self.flush(wait=True)
         self._outbox.put(None)
-        self.client.set_terminated(self.run_id, status=status)
+        self._writer.join()
+        deadline = time.monotonic() + self.outage_grace_s
+        while self.offline_since is not None and time.monotonic() < deadline:
+            time.sleep(RETRY_S)
+            self._retry()
+        if self.offline_since is not None:
+            raise TrackingOffline(
+                f"the tracking server has not answered for {self.outage_grace_s:.0f} s: the "
+                f"run's remaining evidence is in {self.spool.path}; deliver it with: "
+                f"hyprun upload {self.spool.path} --uri {redact(self.client.tracking_uri)}"
+            )
 
     def _write(self) -> None:
-        while (batch := self._outbox.get()) is not None:
+        """The writer thread: send each batch in order; park it on disk while offline."""
+        while True:
             try:
-                if self._error is None:
-                    self._send(metrics=batch)
+                item = self._outbox.get(timeout=RETRY_S)
+            except queue.Empty:
+                self._retry()
+                continue
+            try:
+                if item is not None and self._error is None:
+                    self._deliver(*item)
             except BaseException as error:  # surfaced by the next flush(wait=True)
                 self._error = error
             finally:
                 self._outbox.task_done()
-        self._outbox.task_done()
+            if item is None:
+                return
 
-    def _send(self, metrics=(), params=(), tags=()) -> None:
-        for kind, items in (("metrics", metrics), ("params", params), ("tags", tags)):
-            size = BATCH_LIMITS[kind]
-            for i in range(0, len(items), size):
-                self.client.log_batch(self.run_id, **{kind: list(items[i : i + size])})
+    def _deliver(self, kind: str, items: Any) -> None:
+        if self.offline_since is not None and self.spool is not None:
+            self.spool.park(kind, items)
+            return
+        try:
+            self._send_kind(kind, items)
+        except MlflowException as error:
+            if self.spool is None or not _unreachable(error):
+                raise
+            self.offline_since = time.monotonic()
+            self.spool.park(kind, items)
+
+    def _retry(self) -> None:
+        if self.offline_since is None or self.spool is None:
+            return
+        try:
+            self.spool.deliver(self.client, self._send_kind)
+        except MlflowException as error:
+            if not _unreachable(error):
+                self._error = error
+            return
+        self.offline_since = None
+
+    def _send_kind(self, kind: str, items: Any) -> None:
+        if kind == "status":
+            self.client.set_terminated(self.run_id, status=items)
+            return
+        size = BATCH_LIMITS[kind]
+        for i in range(0, len(items), size):
+            self.client.log_batch(self.run_id, **{kind: list(items[i : i + size])})
 
     def _last_step(self, key: str) -> int:
         history = self.client.get_metric_history(self.run_id, key)
         return max((m.step for m in history), default=-1)
+
+
+class TrackingOffline(Exception):
+    """The server stayed away past the grace period; the evidence is on disk."""
+
+    exit_code = 1
+
+
+def _unreachable(error: MlflowException) -> bool:
+    """A server that did not answer (connection refused, timeout, 5xx), not a refused request."""
+    text = str(error)
+    return "API request to" in text or getattr(error, "error_code", "") in (
+        "TEMPORARILY_UNAVAILABLE", "INTERNAL_ERROR", "ENDPOINT_NOT_FOUND")  # fmt: skip
 
 
 def experiment_id(client: MlflowClient, name: str) -> str:

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 import hydra
 import torch
@@ -35,7 +36,7 @@ from runner.engine import build_engine
 from runner.errors import BadInput
 from runner.instrument import Instruments
 from runner.optim import build_optimizer
-from runner.tracking import Tracker, flatten
+from runner.tracking import Tracker, TrackingOffline, flatten
 from runner.validate import validate
 
 EXIT_INTERRUPTED = 75
@@ -111,7 +112,7 @@ def run(cfg: DictConfig, on_eval: Callable[[int, float], bool] | None = None) ->
     ckpt = Checkpointer(cfg.checkpoint.dir, config_hash(cfg) + f"-w{dist.world}", dist.is_main)
     previous_run = ckpt.run_id() if cfg.checkpoint.resume == "auto" else None
     start_step = ckpt.load(engine) if previous_run else 0
-    tracker = _open_tracker(cfg, dist, previous_run) if dist.is_main else None
+    tracker = _open_tracker(cfg, dist, previous_run, ckpt.dir) if dist.is_main else None
     if tracker is not None:
         ckpt.remember_run(tracker.run_id)
     run_id = tracker.run_id if tracker else ""
@@ -296,7 +297,8 @@ def _build(name: str, node: DictConfig):
         raise
 
 
-def _open_tracker(cfg: DictConfig, dist, previous_run: str | None) -> Tracker:
+def _open_tracker(cfg: DictConfig, dist, previous_run: str | None, folder: Path) -> Tracker:
+    """The job's MLflow run; what the server cannot take waits in `folder`/spool.jsonl."""
     t = cfg.tracking
     tracker = Tracker.open(
         t.uri,
@@ -306,6 +308,8 @@ def _open_tracker(cfg: DictConfig, dist, previous_run: str | None) -> Tracker:
         parent_run_id=t.parent_run_id,
         tags={k: str(v) for k, v in (t.tags or {}).items()},
         flush_every_s=t.flush_every_s,
+        spool=Path(folder) / "spool.jsonl",
+        outage_grace_s=t.outage_grace_s,
     )
     if not tracker.resumed:
         tracker.log_params(flatten(OmegaConf.to_container(cfg, resolve=True)))
@@ -346,9 +350,9 @@ def task(cfg: DictConfig) -> float | None:
     function (hydra-submitit) pickles a reference to it, not this module's globals."""
     try:
         result = run(cfg)
-    except BadInput as error:
+    except (BadInput, TrackingOffline) as error:
         console.print(f"hyprun: {error}", markup=False)
-        sys.exit(BadInput.exit_code)
+        sys.exit(error.exit_code)
     if result.status == "interrupted":
         sys.exit(EXIT_INTERRUPTED)
     return result.eval_loss  # what a Hydra sweeper minimises

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 from mlflow.tracking import MlflowClient
@@ -47,3 +50,28 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def start_mlflow_server(folder: Path, port: int) -> subprocess.Popen:
+    """A real `mlflow server` on 127.0.0.1:`port` with its store in `folder`, once it accepts
+    connections (the same folder and port again: the same server, restarted)."""
+    env = python_env(MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
+    log = open(folder / "server.log", "a")  # noqa: SIM115 (open for the server's lifetime)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
+         "--workers", "1", "--backend-store-uri", f"sqlite:///{folder}/server.db",
+         "--artifacts-destination", str(folder / "artifacts")],
+        stdout=log, stderr=subprocess.STDOUT, env=env, cwd=folder,
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return server
+        except OSError:
+            if server.poll() is not None:
+                log_text = (folder / "server.log").read_text()
+                raise RuntimeError(f"mlflow server exited: {log_text}") from None
+            time.sleep(0.5)
+    server.kill()
+    raise RuntimeError("mlflow server did not start within 120 s")

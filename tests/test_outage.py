@@ -1,0 +1,65 @@
+"""The tracking server goes away for 60 s in the middle of a job and comes back: training goes
+on, what could not be sent waits on local disk, and everything arrives, once."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+from mlflow.tracking import MlflowClient
+
+from tests.helpers import free_port, metric_history, python_env, start_mlflow_server
+
+OUTAGE_S = 60
+# 16 steps of >= 0.25 s: the outage starts after the first metrics and outlasts the training.
+BUDGET = ["budget.tokens=16384", "budget.eval_every_tokens=4096", "budget.eval_sequences=16",
+          "data.source.loader_delay_ms=250", "tracking.flush_every_s=0.5",
+          "tracking.system_metrics_every_s=0"]  # fmt: skip
+
+
+def test_a_server_outage_loses_nothing(tmp_path):
+    port = free_port()
+    server = start_mlflow_server(tmp_path, port)
+    uri = f"http://127.0.0.1:{port}"
+    job = subprocess.Popen(
+        [sys.executable, "-m", "runner.train", *BUDGET, f"checkpoint.dir={tmp_path}/ckpt"],
+        cwd=tmp_path, env=python_env(MLFLOW_TRACKING_URI=uri), stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    client = MlflowClient(uri)
+    deadline = time.monotonic() + 300
+    while not (runs := _runs(client)) or not metric_history(uri, runs[0], "train/loss"):
+        assert time.monotonic() < deadline and job.poll() is None
+        time.sleep(0.2)
+    run_id = runs[0]
+
+    server.terminate()
+    server.wait(timeout=30)
+    time.sleep(OUTAGE_S)
+    # Training went on to its last step while the server was away: that step waits on disk.
+    [spool] = (tmp_path / "ckpt").glob("*/spool.jsonl")
+    parked = [json.loads(line) for line in spool.read_text().splitlines()]
+    steps = {m[3] for batch in parked if batch["kind"] == "metrics" for m in batch["items"]}
+    assert max(steps) == 16384 and job.poll() is None  # done training, waiting to deliver
+
+    server = start_mlflow_server(tmp_path, port)
+    try:
+        output, _ = job.communicate(timeout=120)
+        assert job.returncode == 0, output
+        run = client.get_run(run_id)
+        assert run.info.status == "FINISHED" and run.data.tags["hyprun.outcome"] == "completed"
+        losses = metric_history(uri, run_id, "train/loss")
+        assert [s for s, _ in losses] == list(range(1024, 16385, 1024))  # each step once
+        assert [s for s, _ in metric_history(uri, run_id, "eval/loss")] == [4096, 8192, 12288,
+                                                                           16384]  # fmt: skip
+        assert not spool.exists()
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def _runs(client: MlflowClient) -> list[str]:
+    found = client.get_experiment_by_name("hyprun")
+    return [r.info.run_id for r in client.search_runs([found.experiment_id])] if found else []
