@@ -8,6 +8,8 @@ TORCH_SPEC ?= torch==2.13.0
 # The Slurm tests need a cluster: slurm/local/up.sh installs and starts a single-node one (root,
 # Debian, no systemd needed). `make test SLURM=` skips starting it, and those tests skip too.
 SLURM ?= slurm/local/up.sh
+# The browser tests need Debian's chromium and chromedriver; `make test BROWSER=` skips them.
+BROWSER ?= tests/e2e/install_chromium.sh
 
 .PHONY: setup demo test lint bench clean
 
@@ -26,7 +28,9 @@ demo: setup
 test: setup
 	$(BIN)/ruff check .
 	$(if $(SLURM),$(SLURM))
-	HYPRUN_REQUIRE_SLURM=$(if $(SLURM),1,0) $(BIN)/python -m pytest -q tests
+	$(if $(BROWSER),$(BROWSER))
+	HYPRUN_REQUIRE_SLURM=$(if $(SLURM),1,0) HYPRUN_REQUIRE_BROWSER=$(if $(BROWSER),1,0) \
+		$(BIN)/python -m pytest -q tests
 
 bench: setup
 	$(BIN)/python bench/overhead.py

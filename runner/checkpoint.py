@@ -18,6 +18,8 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from runner.errors import BadInput
+
 RUN_FILE = "run.json"
 
 
@@ -39,7 +41,16 @@ class Checkpointer:
     def run_id(self) -> str | None:
         """The MLflow run of an unfinished earlier attempt of this job, if any."""
         path = self.dir / RUN_FILE
-        return json.loads(path.read_text())["run_id"] if path.exists() else None
+        if not path.exists():
+            return None
+        try:
+            return str(json.loads(path.read_text())["run_id"])
+        except (ValueError, KeyError, TypeError):
+            raise self.corrupt(f"{RUN_FILE} is not valid") from None
+
+    def corrupt(self, what: str) -> BadInput:
+        return BadInput(f"the checkpoint in {self.dir} cannot be resumed ({what}): delete that "
+                        "folder to start over, or rerun with checkpoint.resume=never")  # fmt: skip
 
     def remember_run(self, run_id: str) -> None:
         if self.is_main:
@@ -61,11 +72,15 @@ class Checkpointer:
         """Restore the latest checkpoint into `engine`; return the steps already done (0: none)."""
         if not (self.dir / "latest").exists():
             return 0
-        path, state = engine.load_checkpoint(str(self.dir))
-        if path is None:
-            return 0
-        _set_rng(state["rng"])
-        return int(state["step"])
+        try:
+            path, state = engine.load_checkpoint(str(self.dir))
+            if path is None:
+                return 0
+            _set_rng(state["rng"])
+            return int(state["step"])
+        except Exception as error:  # truncated files, a tag that names nothing, foreign state
+            detail = " ".join(str(error).split())[:200]
+            raise self.corrupt(f"{type(error).__name__}: {detail}") from None
 
     def finish(self) -> None:
         """The job completed: its checkpoints are no longer needed, and a rerun starts afresh."""

@@ -46,7 +46,7 @@ from runner.launch import (
 )
 from runner.notify import notify
 from runner.train import JobResult
-from runner.validate import validate
+from runner.validate import reachable, validate
 
 EXIT_ESCALATED = 3
 DEFAULT_PRIMARY = MetricSpec("eval/loss", "min", 0.01)
@@ -87,6 +87,7 @@ def record_baseline(store: Store, name: str, overrides: list[str], seeds: int, w
         raise BadInput(f"--seeds {seeds}: a baseline needs at least one seed (3 measure noise)")
     overrides, launcher_overrides = split(overrides)
     validate(compose(overrides))  # refuse bad input before the investigation exists
+    reachable(store.uri)
     launcher = launcher_for(launcher_overrides, *_slurm_names(name, "baseline"))
     parent = store.create(name, f"Baseline: {' '.join(overrides) or 'defaults'}. {why}".strip())
     tags = {"hyprun.role": "baseline", "hyprun.investigation": name}
@@ -107,12 +108,13 @@ def record_baseline(store: Store, name: str, overrides: list[str], seeds: int, w
         "git_sha": sha,
         "seed_runs": [r.run_id for r in results],
     }
-    store.tag(parent, {"hyprun.baseline": json.dumps(baseline)})
+    store.tag(parent, {"hyprun.baseline": json.dumps(baseline), "hyprun.why": why})
     store.metrics(parent, seed_noise(store, baseline["seed_runs"]))
     _, document = diagnose(store.uri, results[0].run_id, store.experiment)
     store.text(parent, json.dumps(document, indent=2, default=str), "diagnosis.json")
     state = store.find(name)
     store.note(parent, summary(state, document))
+    store.finish(parent)  # recorded; tests still join it, and the UI shows it done, not running
     return state
 
 

@@ -16,7 +16,7 @@ from mlflow.entities import RunTag
 from mlflow.tracking import MlflowClient
 
 from runner.errors import BadInput
-from runner.tracking import experiment_id
+from runner.tracking import experiment_id, redact
 
 STRIKES = 3
 ROLE, INVESTIGATION = "hyprun.role", "hyprun.investigation"
@@ -151,7 +151,7 @@ class Store:
         return run.info.run_id
 
     def tag(self, run_id: str, tags: dict[str, Any]) -> None:
-        self.client.log_batch(run_id, tags=[RunTag(k, str(v)) for k, v in tags.items()])
+        self.client.log_batch(run_id, tags=[RunTag(k, redact(str(v))) for k, v in tags.items()])
 
     def note(self, run_id: str, text: str) -> None:
         self.tag(run_id, {"mlflow.note.content": text})
@@ -160,7 +160,7 @@ class Store:
         self.client.update_run(run_id, name=name)
 
     def text(self, run_id: str, text: str, path: str) -> None:
-        self.client.log_text(run_id, text, path)
+        self.client.log_text(run_id, redact(text), path)
 
     def metrics(self, run_id: str, values: dict[str, float], step: int = 0) -> None:
         from mlflow.entities import Metric
@@ -173,7 +173,9 @@ class Store:
     def params(self, run_id: str, values: dict[str, str]) -> None:
         from mlflow.entities import Param
 
-        self.client.log_batch(run_id, params=[Param(k, v[:6000]) for k, v in values.items()])
+        self.client.log_batch(
+            run_id, params=[Param(k, redact(v)[:6000]) for k, v in values.items()]
+        )
 
     def finish(self, run_id: str, status: str = "FINISHED") -> None:
         self.client.set_terminated(run_id, status=status)

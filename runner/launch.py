@@ -28,6 +28,9 @@ from runner.errors import BadInput
 from runner.train import JobResult
 
 GROUP, KEYS = "hydra/launcher=", "hydra.launcher."
+# Refused in launcher values (setup lines are shell by design): no partition, account, QoS or
+# node list needs them, and a value is never meant to reach a shell.
+SHELL_METACHARACTERS = set("$`;|&<>()\\\"'")
 # sacct states of a job that is over without having completed (Slurm 22.05 names).
 FAILED = {"BOOT_FAIL", "CANCELLED", "DEADLINE", "FAILED", "NODE_FAIL", "OUT_OF_MEMORY", "TIMEOUT"}
 # A requeued or preempted job comes back as PENDING with the same id.
@@ -94,6 +97,9 @@ def launcher_params(overrides: Sequence[str]) -> dict[str, Any]:
         if any(c in value for c in "\n\r\0"):
             raise BadInput(f"hydra.launcher.{key} contains a line break: each value becomes one "
                            "#SBATCH line; remove it")  # fmt: skip
+        if not key.startswith("setup.") and (bad := sorted(set(value) & SHELL_METACHARACTERS)):
+            raise BadInput(f"hydra.launcher.{key}={value!r} contains {''.join(bad)!r}: Slurm "
+                           "names and values need none of them; remove them")  # fmt: skip
     return params
 
 

@@ -9,13 +9,15 @@ import subprocess
 import urllib.request
 from typing import Any
 
+from runner.tracking import redact
+
 TIMEOUT_S = 10
 
 
 def notify(summary: dict[str, Any], url: str | None, command: str | None) -> list[str]:
     """Send `summary`; returns one line per channel: 'url: ok' or 'command: failed (...)'."""
     outcomes = []
-    body = json.dumps(summary).encode()
+    body = redact(json.dumps(summary)).encode()
     if url:
         try:
             request = urllib.request.Request(

@@ -1,70 +1,303 @@
 """`hyprun report`: an investigation as a Markdown file and an HTML page with PNG plots.
 
-Both read offline (images are files beside them) and are logged on the parent run under
-`report/`. Every plot is at matched tokens: the baseline's seeds as a band, each test's seed mean
-as a line.
+Both read offline (the images are files beside them, linked by relative paths) and are logged
+on the parent run under `report/`. They hold the core question, the L0 static checks, the L1
+evidence of the baseline (the obvious checks, the findings with their numbers, the measured
+features), the hypothesis table (delta, verdict, effect ± noise, claimed vs measured, tokens
+spent and saved) and plots at matched tokens: the baseline's seeds as a band, each test's seed
+mean as a line, for every test's primary metric and for loss, gradient norm and data loading.
+
+MLflow's artifact viewer shows the HTML from a `blob:` URL, against which relative image paths
+cannot resolve; a few lines of script fetch them from the tracking server there instead.
+Opened from disk the page runs no network request.
 """
 
 from __future__ import annotations
 
 import html
 import json
+import re
 import statistics
+import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from runner.investigation import State, Store  # noqa: E402
+from runner.investigation import STRIKES, State, Store, Test  # noqa: E402
 
-PLOTS = {  # metric -> file stem
+ARTIFACT_DIR = "report"
+"""Where on the parent run the report is logged."""
+PLOTS = {  # metric -> file stem; each test's primary metric is added when it is another
     "eval/loss": "eval_loss",
     "train/loss": "train_loss",
     "grad/norm": "grad_norm",
     "perf/data_wait_frac": "data_wait",
 }
+QUESTIONS = {
+    "Q1": "why isn't it converging?",
+    "Q2": "what are these early anomaly signals?",
+    "Q3": "why isn't it fast?",
+}
+HYPOTHESIS_HEAD = ["test", "delta", "verdict", "effect ± noise (+ = better)", "claimed", "measured",
+                   "tokens spent", "tokens saved"]  # fmt: skip
+STATUS_ORDER = {"fail": 0, "warn": 1, "pass": 2, "skip": 3}
+NOISE = ("eval/loss", "train/loss", "perf/tokens_per_s")
+"""Headline metrics whose seed mean and std record_baseline logs on the parent run."""
+
+
+@dataclass
+class Table:
+    """One section of the report: a titled table, or `empty` when it has no rows."""
+
+    title: str
+    head: list[str]
+    rows: list[list[str]]
+    empty: str = "none"
+    code: tuple[int, ...] = ()
+    """Columns shown as code (overrides)."""
+    intro: str = ""
+
+
+class TestRow(NamedTuple):
+    """One test as the hypothesis table shows it, with what the facts and reasons need."""
+
+    cells: list[str]
+    reason: str
+    spent: int
+    saved: int
+    primary: str
+    """The metric the verdict was taken on."""
+
+
+@dataclass
+class Report:
+    """Everything the report shows, gathered once and rendered as Markdown and as HTML."""
+
+    name: str
+    run_id: str
+    facts: list[tuple[str, str]]
+    """(label, value) lines under the title."""
+    tables: list[Table]
+    reasons: list[tuple[str, str, str]]
+    """(test, why it was run, the verdict's reason)."""
+    primaries: list[str]
+    """Each test's primary metric: each gets a plot."""
+    images: list[Path] = field(default_factory=list)
 
 
 def write_report(store: Store, state: State, out: Path) -> tuple[Path, Path]:
     """Write `report.md`, `report.html` and the plots into `out`; log them on the parent run."""
     out.mkdir(parents=True, exist_ok=True)
-    diagnosis = _diagnosis(store, state)
-    images = [
+    report = gather(store, state)
+    metrics = dict(PLOTS)
+    for primary in report.primaries:
+        metrics.setdefault(primary, re.sub(r"[^A-Za-z0-9]+", "_", primary).strip("_"))
+    report.images = [
         p
-        for metric, stem in PLOTS.items()
-        if (p := _plot(store, state, metric, out / f"{stem}.png"))
+        for metric, stem in metrics.items()
+        if (p := plot(store, state, metric, out / f"{stem}.png"))
     ]
-    rows = [_row(t) for t in state.tests]
-    markdown = _markdown(state, diagnosis, rows, images)
-    page = _html(state, diagnosis, rows, images)
-    (out / "report.md").write_text(markdown)
-    (out / "report.html").write_text(page)
-    for path in [out / "report.md", out / "report.html", *images]:
-        store.client.log_artifact(state.run_id, str(path), "report")
-    return out / "report.md", out / "report.html"
+    markdown, page = out / "report.md", out / "report.html"
+    markdown.write_text(render_markdown(report))
+    page.write_text(render_html(report))
+    for path in [markdown, page, *report.images]:
+        store.client.log_artifact(state.run_id, str(path), ARTIFACT_DIR)
+    return markdown, page
 
 
-def _diagnosis(store: Store, state: State) -> dict:
-    try:
-        path = store.client.download_artifacts(state.run_id, "diagnosis.json")
-    except Exception:  # a baseline recorded before triage existed
-        return {"question": "?", "findings": [], "static": []}
-    with open(path) as file:
-        return json.load(file)
+# ------------------------------------------------------------------------------------ gathering
 
 
-def _row(test) -> dict[str, str]:
-    tags = test.tags
-    return {
-        "test": f"H{test.number}",
-        "delta": " ".join(test.delta),
-        "verdict": test.verdict,
-        "measured": tags.get("hyprun.reason", ""),
-        "claimed": tags.get("hyprun.claimed", ""),
-        "why": tags.get("hyprun.why", ""),
-    }
+def gather(store: Store, state: State) -> Report:
+    """The report's content, read from the investigation's runs and artifacts in MLflow."""
+    parent = store.client.get_run(state.run_id)
+    diagnosis = _json_artifact(store, state.run_id, "diagnosis.json") or {}
+    budget = _budget(store, state)
+    rows = [_test_row(store, t, budget, state.baseline) for t in state.tests]
+    hypotheses = Table(
+        "Hypotheses",
+        HYPOTHESIS_HEAD,
+        [r.cells for r in rows],
+        empty="no hypothesis tested yet",
+        code=(1,),
+        intro="Each test against the baseline's seeds, at matched tokens.",
+    )
+    tables = [
+        _static_table(diagnosis.get("static", [])),
+        _obvious_table(diagnosis.get("obvious", [])),
+        _findings_table(diagnosis.get("findings", [])),
+        _features_table(diagnosis.get("features", {})),
+        hypotheses,
+    ]
+    reasons = [(f"H{t.number}", t.tags.get("hyprun.why", ""), r.reason)
+               for t, r in zip(state.tests, rows, strict=True)]  # fmt: skip
+    facts = _facts(state, parent, diagnosis, rows)
+    return Report(state.name, state.run_id, facts, tables, reasons, [r.primary for r in rows])
+
+
+def _facts(state: State, parent, diagnosis: dict, rows: list[TestRow]) -> list[tuple[str, str]]:
+    question = str(diagnosis.get("question", "?"))
+    facts = [("Core question", f"{question}: {QUESTIONS.get(question, 'not triaged')}")]
+    if parent.data.tags.get("hyprun.why"):
+        facts.append(("Prompted by", parent.data.tags["hyprun.why"]))
+    status = f"{state.strikes}/{STRIKES} strikes" + (" — escalated" if state.escalated else "")
+    facts.append(("Status", status))
+    fixes = [f"H{t.number} {' '.join(t.fix)}" for t in state.confirmed]
+    facts.append(("Confirmed", ", ".join(fixes) or "no hypothesis yet"))
+    if state.baseline:
+        base = state.baseline
+        overrides = " ".join(base["overrides"]) or "defaults"
+        facts.append(
+            ("Baseline", f"{overrides} · {base['seeds']} seeds · git {base['git_sha'][:10]}")
+        )
+        if base.get("promoted_from"):
+            facts.append(("Promoted from", base["promoted_from"]))
+    metrics = parent.data.metrics
+    noise = []
+    for metric in NOISE:
+        key = "baseline/" + metric.replace("/", "_")
+        if f"{key}_mean" in metrics and f"{key}_std" in metrics:
+            noise.append(f"{metric} {_num(metrics[f'{key}_mean'])} ± {_num(metrics[f'{key}_std'])}")
+    if noise:
+        facts.append(("Baseline seed mean ± std", "; ".join(noise)))
+    spent = sum(r.spent for r in rows)
+    saved = sum(r.saved for r in rows)
+    facts.append(
+        ("Tokens on tests", f"{spent:,} spent, {saved:,} saved by early stops and pruning")
+    )
+    for reset in state.resets:
+        facts.append(("Reset", f"by {reset['by']}: {reset['reason']}"))
+    facts.append(("MLflow run", state.run_id))
+    return facts
+
+
+def _static_table(checks: list[dict]) -> Table:
+    ordered = sorted(checks, key=lambda c: STATUS_ORDER.get(c.get("status"), 9))
+    return Table("L0 static checks", ["check", "status", "value", "threshold", "why"],
+                 [[c["id"], c["status"], _num(c.get("value")), str(c.get("threshold", "")),
+                   str(c.get("why", ""))] for c in ordered],
+                 empty="no static check recorded",
+                 intro="Config and a data sample, before training: failures first.")  # fmt: skip
+
+
+def _obvious_table(items: list[dict]) -> Table:
+    return Table("L1: the obvious first", ["check", "status", "details"],
+                 [[i["check"], i["status"], "; ".join(i.get("details", []))] for i in items],
+                 empty="not triaged", intro="From the baseline's seed 0.")  # fmt: skip
+
+
+def _findings_table(findings: list[dict]) -> Table:
+    rows = [[str(rank), f"{f['id']} ({f.get('group', '')}, {f.get('question', '')})",
+             f.get("evidence", ""), _numbers(f.get("numbers", {})), f.get("cause", ""),
+             f.get("first_action", ""), ", ".join(f.get("cards", []))]
+            for rank, f in enumerate(findings, 1)]  # fmt: skip
+    return Table("L1 findings, most likely first",
+                 ["#", "finding", "evidence", "numbers", "likely cause", "first action", "cards"],
+                 rows, empty="no pattern fired: no finding to test")  # fmt: skip
+
+
+def _features_table(features: dict[str, dict]) -> Table:
+    """The features triage measured; `static.*` ones repeat the L0 table and are left out."""
+    rows = [
+        [name, _num(f.get("value")), f.get("detail", "")]
+        for name, f in features.items()
+        if f.get("value") is not None and not name.startswith("static.")
+    ]
+    return Table("L1 evidence: measured features", ["feature", "value", "measured"], rows,
+                 empty="no feature measured")  # fmt: skip
+
+
+def _test_row(store: Store, test: Test, budget: int | None, baseline: dict | None) -> TestRow:
+    """One test's row: its verdict.json, its metrics and the tokens its seed jobs trained."""
+    verdict = _verdict(store, test)
+    metrics = store.client.get_run(test.run_id).data.metrics
+    effect = metrics.get("effect", verdict.get("effect"))
+    noise = metrics.get("noise", verdict.get("noise"))
+    shown = "—"
+    if effect is not None:
+        shown = f"{effect * 100:+.2f}%" + (f" ± {noise * 100:.2f}%" if noise is not None else "")
+        if verdict.get("z") is not None:
+            shown += f" (z {verdict['z']:.1f})"
+    jobs = _jobs_below(store, test.run_id)
+    spent = sum(int(r.data.tags.get("hyprun.tokens", 0)) for r in jobs)
+    trials = max(1, len(verdict.get("trials", [])))
+    seeds = (baseline or {}).get("seeds", len(jobs))
+    planned = budget * seeds * trials if budget else spent
+    decided = test.verdict in ("confirmed", "rejected", "inconclusive")
+    saved = max(0, planned - spent) if decided else 0
+    delta = " ".join(test.delta) + (f" → {' '.join(test.fix)}" if test.fix != test.delta else "")
+    row = [f"H{test.number}", delta, test.verdict, shown, test.tags.get("hyprun.claimed") or "—",
+           _measured(verdict), f"{spent:,}",
+           f"{saved:,} ({saved / planned:.0%})" if planned else "0"]  # fmt: skip
+    primary = verdict.get("metric") or "eval/loss"
+    return TestRow(row, test.tags.get("hyprun.reason", ""), spent, saved, primary)
+
+
+def _measured(verdict: dict[str, Any]) -> str:
+    """The primary metric on both sides at the matched tokens, or where an early stop fired."""
+    if verdict.get("early"):
+        return f"stopped at {verdict.get('tokens', 0):,} tokens (z {_num(verdict.get('z'))})"
+    if verdict.get("baseline_value") is None or verdict.get("test_value") is None:
+        return "—"
+    return (f"{verdict.get('metric', '')} {_num(verdict['baseline_value'])} → "
+            f"{_num(verdict['test_value'])} at {verdict.get('tokens', 0):,} tokens")  # fmt: skip
+
+
+def _budget(store: Store, state: State) -> int | None:
+    """Tokens one seed job may train (the baseline seed runs' `budget.tokens`)."""
+    for run_id in (state.baseline or {}).get("seed_runs", []):
+        value = store.client.get_run(run_id).data.params.get("budget.tokens")
+        if value is not None:
+            return int(float(value))
+    return None
+
+
+def _jobs_below(store: Store, run_id: str) -> list:
+    """The seed jobs below a test: its own, or its sweep trials'."""
+    experiment = store.client.get_run(run_id).info.experiment_id
+    found, level = [], [run_id]
+    while level:
+        children = []
+        for parent in level:
+            where = f"tags.mlflow.parentRunId = '{parent}'"
+            children += store.client.search_runs([experiment], where, max_results=5000)
+        found += [r for r in children if "hyprun.seed" in r.data.tags]
+        level = [r.info.run_id for r in children if "hyprun.seed" not in r.data.tags]
+    return found
+
+
+def _verdict(store: Store, test: Test) -> dict[str, Any]:
+    if test.verdict in ("running", "refused", "error"):
+        return {}
+    return _json_artifact(store, test.run_id, "verdict.json") or {}
+
+
+def _json_artifact(store: Store, run_id: str, path: str) -> dict[str, Any] | None:
+    """A JSON artifact of a run, or None when it was never logged (older runs)."""
+    with tempfile.TemporaryDirectory() as folder:
+        try:
+            local = store.client.download_artifacts(run_id, path, folder)
+        except Exception:
+            return None
+        return json.loads(Path(local).read_text())
+
+
+def _num(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return "" if value is None else str(value)
+
+
+def _numbers(numbers: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={_num(v)}" for k, v in numbers.items())
+
+
+# ---------------------------------------------------------------------------------------- plots
 
 
 def _band(store: Store, run_ids: list[str], metric: str):
@@ -79,21 +312,22 @@ def _band(store: Store, run_ids: list[str], metric: str):
             [max(v) for v in values])  # fmt: skip
 
 
-def _plot(store: Store, state: State, metric: str, path: Path) -> Path | None:
+def plot(store: Store, state: State, metric: str, path: Path) -> Path | None:
+    """The baseline's seed band of `metric` and each test's seed mean (its own band faint)."""
     base = _band(store, state.baseline["seed_runs"], metric) if state.baseline else None
     if base is None:
         return None
     fig, ax = plt.subplots(figsize=(7, 4))
     marks, mean, low, high = base
     ax.fill_between(marks, low, high, alpha=0.25, color="gray", label="baseline seeds (min-max)")
-    ax.plot(marks, mean, color="black", label="baseline mean")
+    ax.plot(marks, mean, color="black", marker=".", label="baseline mean")
     for test in state.tests:
         runs = [r.info.run_id for r in store.seed_runs(test.evidence_run)]
         band = _band(store, runs, metric) if runs else None
         if band is not None:
-            ax.plot(
-                band[0], band[1], label=f"H{test.number} {' '.join(test.delta)} ({test.verdict})"
-            )
+            label = f"H{test.number} {' '.join(test.fix)} ({test.verdict})"
+            (line,) = ax.plot(band[0], band[1], marker=".", label=label)
+            ax.fill_between(band[0], band[2], band[3], alpha=0.1, color=line.get_color())
     ax.set_xlabel("tokens seen")
     ax.set_ylabel(metric)
     ax.set_title(f"{state.name}: {metric}")
@@ -104,54 +338,87 @@ def _plot(store: Store, state: State, metric: str, path: Path) -> Path | None:
     return path
 
 
-def _markdown(state: State, diagnosis: dict, rows: list[dict], images: list[Path]) -> str:
-    lines = [f"# Investigation {state.name}", "",
-             f"Core question: **{diagnosis['question']}** · strikes {state.strikes}/3"
-             + (" · **escalated**" if state.escalated else ""), ""]  # fmt: skip
-    if state.baseline:
-        base = state.baseline
-        lines += [f"Baseline: `{' '.join(base['overrides']) or 'defaults'}`, "
-                  f"{base['seeds']} seeds, git {base['git_sha'][:10]}", ""]  # fmt: skip
-    failing = [c for c in diagnosis.get("static", []) if c["status"] in ("warn", "fail")]
-    lines += ["## L0 checks that did not pass", "", "| check | status | value | threshold |",
-              "| --- | --- | --- | --- |"]  # fmt: skip
-    lines += [f"| {c['id']} | {c['status']} | {c['value']} | {c['threshold']} |" for c in failing]
-    lines += ["", "## Findings", "", "| # | finding | cause | first action | numbers |",
-              "| --- | --- | --- | --- | --- |"]  # fmt: skip
-    for i, f in enumerate(diagnosis["findings"], 1):
-        numbers = ", ".join(f"{k}={v}" for k, v in f["numbers"].items())
-        lines.append(f"| {i} | {f['id']} | {f['cause']} | {f['first_action']} | {numbers} |")
-    lines += ["", "## Hypotheses", "", "| test | delta | verdict | measured | claimed |",
-              "| --- | --- | --- | --- | --- |"]  # fmt: skip
-    for r in rows:
-        lines.append(f"| {r['test']} | `{r['delta']}` | {r['verdict']} | {r['measured']} | "
-                     f"{r['claimed']} |")  # fmt: skip
-    lines += ["", "## Plots", ""] + [f"![{p.stem}]({p.name})" for p in images]
+# ------------------------------------------------------------------------------------ rendering
+
+
+def _md_cell(text: str) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def render_markdown(report: Report) -> str:
+    """The report as GitHub-flavoured Markdown, images linked beside it."""
+    lines = [f"# Investigation {report.name}", ""]
+    lines += [f"- **{label}**: {_md_cell(value)}" for label, value in report.facts]
+    for table in report.tables:
+        lines += ["", f"## {table.title}", ""] + ([table.intro, ""] if table.intro else [])
+        if not table.rows:
+            lines.append(f"_{table.empty}_")
+            continue
+        lines += ["| " + " | ".join(table.head) + " |", "|" + " --- |" * len(table.head)]
+        for row in table.rows:
+            cells = [
+                f"`{_md_cell(c)}`" if i in table.code else _md_cell(c) for i, c in enumerate(row)
+            ]
+            lines.append("| " + " | ".join(cells) + " |")
+    if report.reasons:
+        lines += ["", "### Why each test ran, and its verdict", ""]
+        lines += [f"- **{test}**: {_md_cell(why) or '—'} → {_md_cell(reason) or '—'}"
+                  for test, why, reason in report.reasons]  # fmt: skip
+    lines += ["", "## Plots", ""] + [f"![{p.stem}]({p.name})" for p in report.images]
     return "\n".join(lines) + "\n"
 
 
-def _html(state: State, diagnosis: dict, rows: list[dict], images: list[Path]) -> str:
-    def table(head: list[str], body: list[list[str]]) -> str:
-        cells = "".join(f"<th>{html.escape(h)}</th>" for h in head)
-        trs = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>"
-                      for row in body)  # fmt: skip
-        return f"<table><tr>{cells}</tr>{trs}</table>"
+STYLE = """body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;padding:0 1em}
+table{border-collapse:collapse;margin:.5em 0 1.5em}td,th{border:1px solid #ccc;padding:4px 8px;
+font-size:13px;text-align:left;vertical-align:top}th{background:#f4f4f4}code{font-size:12px}
+dl{display:grid;grid-template-columns:max-content auto;gap:2px 1em}dt{font-weight:bold}dd{margin:0}
+.confirmed,.pass{color:#11702e;font-weight:bold}.rejected,.fail{color:#b3261e;font-weight:bold}
+.inconclusive,.warn{color:#9a6700;font-weight:bold}figure{margin:0 0 1.5em}img{max-width:100%}"""
 
-    findings = [[f["id"], f["cause"], f["first_action"],
-                 ", ".join(f"{k}={v}" for k, v in f["numbers"].items())]
-                for f in diagnosis["findings"]]  # fmt: skip
-    tests = [[r["test"], r["delta"], r["verdict"], r["measured"], r["claimed"]] for r in rows]
-    escalated = " — escalated" if state.escalated else ""
-    return f"""<!doctype html><html><head><meta charset="utf-8">
-<title>hyprun · {html.escape(state.name)}</title>
-<style>body{{font-family:sans-serif;max-width:1100px;margin:2em auto}}
-table{{border-collapse:collapse;margin:1em 0}}td,th{{border:1px solid #ccc;padding:4px 8px;
-font-size:13px;text-align:left}}img{{max-width:100%}}</style></head><body>
-<h1>Investigation {html.escape(state.name)}</h1>
-<p>Core question: <b>{html.escape(str(diagnosis["question"]))}</b> · strikes {state.strikes}/3
-{escalated}</p>
-<h2>Findings</h2>{table(["finding", "cause", "first action", "numbers"], findings)}
-<h2>Hypotheses</h2>{table(["test", "delta", "verdict", "measured", "claimed"], tests)}
-<h2>Plots</h2>{"".join(f'<img src="{p.name}" alt="{p.stem}">' for p in images)}
-</body></html>
-"""
+MLFLOW_IMAGES = """<script>
+/* MLflow's artifact viewer loads this page from a blob: URL: fetch the plots from the server. */
+if (location.protocol === "blob:") {
+  const server = new URL(location.href.slice(5)).origin;
+  for (const img of document.querySelectorAll("img[data-artifact]")) {
+    img.src = server + "/get-artifact?path=" + encodeURIComponent(img.dataset.artifact)
+      + "&run_uuid=" + encodeURIComponent(document.body.dataset.run);
+  }
+}
+</script>"""
+
+
+def render_html(report: Report) -> str:
+    """The report as one HTML page; the plots are the PNG files beside it."""
+    e = html.escape
+
+    def cell(table: Table, i: int, value: str) -> str:
+        text = f"<code>{e(value)}</code>" if i in table.code else e(value)
+        status = f' class="{e(value)}"' if table.head[i] in ("verdict", "status") else ""
+        return f"<td{status}>{text}</td>"
+
+    parts = [f"<h1>Investigation {e(report.name)}</h1><dl>"]
+    parts += [f"<dt>{e(label)}</dt><dd>{e(value)}</dd>" for label, value in report.facts]
+    parts.append("</dl>")
+    for table in report.tables:
+        parts.append(f"<h2>{e(table.title)}</h2>" + (f"<p>{e(table.intro)}</p>" if table.intro
+                                                      else ""))  # fmt: skip
+        if not table.rows:
+            parts.append(f"<p><i>{e(table.empty)}</i></p>")
+            continue
+        head = "".join(f"<th>{e(h)}</th>" for h in table.head)
+        body = "".join("<tr>" + "".join(cell(table, i, c) for i, c in enumerate(row)) + "</tr>"
+                       for row in table.rows)  # fmt: skip
+        parts.append(f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>")
+    if report.reasons:
+        parts.append("<h3>Why each test ran, and its verdict</h3><ul>")
+        parts += [f"<li><b>{e(test)}</b>: {e(why) or '—'} → {e(reason) or '—'}</li>"
+                  for test, why, reason in report.reasons]  # fmt: skip
+        parts.append("</ul>")
+    parts.append("<h2>Plots</h2>")
+    parts += [f'<figure><img src="{e(p.name)}" alt="{e(p.stem)}" '
+              f'data-artifact="{e(f"{ARTIFACT_DIR}/{p.name}")}"></figure>'
+              for p in report.images]  # fmt: skip
+    return (f'<!doctype html><html lang="en"><head><meta charset="utf-8">'
+            f"<title>hyprun · {e(report.name)}</title><style>{STYLE}</style></head>"
+            f'<body data-run="{e(report.run_id)}">\n' + "\n".join(parts) + "\n"
+            + MLFLOW_IMAGES + "\n</body></html>\n")  # fmt: skip

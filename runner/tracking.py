@@ -33,9 +33,18 @@ BATCH_LIMITS = {"metrics": 1000, "params": 100, "tags": 100}
 CREDENTIALS = re.compile(r"(?<=://)[^/@\s]+@")
 
 
+SECRET_NAMES = re.compile(r"(TOKEN|PASSWORD|SECRET|_KEY)$")
+
+
 def redact(text: str) -> str:
-    """Drop `user:password@` from any URI in `text`."""
-    return CREDENTIALS.sub("***@", text)
+    """Drop `user:password@` from any URI in `text`, and the value of every environment
+    variable named like a secret (MLFLOW_TRACKING_TOKEN, *_PASSWORD, *_SECRET, *_KEY)."""
+    text = CREDENTIALS.sub("***@", text)
+    secrets = sorted((v for k, v in os.environ.items() if SECRET_NAMES.search(k) and len(v) >= 4),
+                     key=len, reverse=True)  # fmt: skip
+    for secret in secrets:
+        text = text.replace(secret, "***")
+    return text
 
 
 def flatten(tree: Any, prefix: str = "") -> dict[str, str]:
@@ -98,9 +107,10 @@ class Tracker:
         if run_id is not None:
             client.update_run(run_id, status="RUNNING")
             return cls(client, run_id, flush_every_s, resumed=True, **extra)
-        tags = dict(tags or {})
+        tags = {k: redact(str(v)) for k, v in (tags or {}).items()}
         if parent_run_id:
             tags["mlflow.parentRunId"] = parent_run_id
+        run_name = redact(run_name) if run_name else run_name
         run = client.create_run(experiment_id(client, experiment), run_name=run_name, tags=tags)
         return cls(client, run.info.run_id, flush_every_s, resumed=False, **extra)
 
@@ -133,14 +143,18 @@ class Tracker:
                 raise self._error
 
     def log_text(self, text: str, artifact_file: str) -> None:
-        self.client.log_text(self.run_id, text, artifact_file)
+        self.client.log_text(self.run_id, redact(text), artifact_file)
 
     def watch_system(self, every_s: float) -> None:
         """MLflow's system metrics (CPU, memory, disk, network; GPU with pynvml) every
         `every_s` seconds as `system/*`, continuing a resumed run's steps; 0 turns it off."""
         if every_s <= 0:
             return
+        import logging
+
         from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+        logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)  # start/stop chatter
 
         self._system = SystemMetricsMonitor(self.run_id, sampling_interval=every_s,
                                             resume_logging=self.resumed,
@@ -240,8 +254,10 @@ def experiment_id(client: MlflowClient, name: str) -> str:
     found = client.get_experiment_by_name(name)
     if found is not None:
         return found.experiment_id
-    try:
-        return client.create_experiment(name)
+    try:  # the kind makes MLflow 3's UI open the runs table, not its GenAI overview
+        return client.create_experiment(
+            name, tags={"mlflow.experimentKind": "custom_model_development"}
+        )
     except Exception:
         found = client.get_experiment_by_name(name)
         if found is None:
@@ -268,7 +284,7 @@ def read_run(
 
 
 def latest_run(uri: str, experiment: str) -> str | None:
-    """The newest top-level run of `experiment` that has ended, or None."""
+    """The newest job run of `experiment` that has ended, or None."""
     client = MlflowClient(tracking_uri=uri)
     found = client.get_experiment_by_name(experiment)
     if found is None:
@@ -277,9 +293,10 @@ def latest_run(uri: str, experiment: str) -> str | None:
         [found.experiment_id],
         filter_string="attributes.status != 'RUNNING'",
         order_by=["attributes.start_time DESC"],
-        max_results=1,
+        max_results=200,
     )
-    return runs[0].info.run_id if runs else None
+    # A job's run, not an investigation's or a test's summary run (they train nothing).
+    return next((r.info.run_id for r in runs if "train/loss" in r.data.metrics), None)
 
 
 def record_diagnosis(uri: str, run_id: str, document: dict[str, Any]) -> None:
@@ -287,7 +304,7 @@ def record_diagnosis(uri: str, run_id: str, document: dict[str, Any]) -> None:
     import json
 
     client = MlflowClient(tracking_uri=uri)
-    client.log_text(run_id, json.dumps(document, indent=2, default=str), "diagnosis.json")
+    client.log_text(run_id, redact(json.dumps(document, indent=2, default=str)), "diagnosis.json")
     findings = document.get("findings", [])
     tags = [RunTag("hyprun.question", str(document.get("question", ""))),
             RunTag("hyprun.top_finding", findings[0]["id"] if findings else "none")]  # fmt: skip

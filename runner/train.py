@@ -37,7 +37,7 @@ from runner.errors import BadInput
 from runner.instrument import Instruments
 from runner.optim import build_optimizer
 from runner.tracking import Tracker, TrackingOffline, flatten
-from runner.validate import validate
+from runner.validate import reachable, validate
 
 EXIT_INTERRUPTED = 75
 console = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -95,6 +95,7 @@ def run(cfg: DictConfig, on_eval: Callable[[int, float], bool] | None = None) ->
     `on_eval(tokens, eval_loss)` is called at every held-out evaluation (every rank gets the
     same numbers); returning True stops the job there as `stopped` (early rejection)."""
     validate(cfg)
+    reachable(cfg.tracking.uri)
     source = _build("data.source", cfg.data.source)  # a missing file fails before DeepSpeed loads
     dist = distributed.init()
     plan = Plan.of(cfg, dist.world)

@@ -36,6 +36,28 @@ def validate(cfg: DictConfig) -> None:
         raise BadInput(f"checkpoint.resume={cfg.checkpoint.resume} is unknown: use auto or never")
 
 
+def reachable(uri: str, timeout_s: float = 5.0) -> None:
+    """BadInput, at once, when an http(s) tracking server does not accept connections (MLflow
+    itself would retry for minutes before saying so)."""
+    import socket
+    from urllib.parse import urlsplit
+
+    from runner.tracking import redact
+
+    parts = urlsplit(uri)
+    if parts.scheme not in ("http", "https"):
+        return
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        with socket.create_connection((parts.hostname or "", port), timeout=timeout_s):
+            pass
+    except OSError as error:
+        raise BadInput(
+            f"the tracking server {redact(uri)} does not answer ({error.strerror or error}): "
+            "start it, or set MLFLOW_TRACKING_URI / tracking.uri to one that runs"
+        ) from None
+
+
 def _positive_int(cfg: DictConfig, key: str, what: str) -> None:
     value = _get(cfg, key)
     ok = isinstance(value, int | float) and not isinstance(value, bool)

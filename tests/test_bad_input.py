@@ -79,3 +79,145 @@ def test_installed_wheel_finds_conf(tmp_path: Path):
     assert done.returncode == 0, done.stderr
     location, layers = done.stdout.split()
     assert location.startswith(str(target)) and layers == "18"
+
+
+# --- The investigation commands: refused before anything is recorded or launched -------------
+
+WHY = ["--why", "I think the LR is off because the loss is flat"]
+INV = ["--investigation", "inv"]
+COMMAND_CASES = {
+    "two variables": (["test", "optim.lr=3e-3", "optim.weight_decay=0.2", *WHY, *INV],
+                      "changes 2 variables"),
+    "zero variables": (["test", "optim.lr=0.001", *WHY, *INV], "changes nothing"),
+    "controlled budget": (["test", "budget.tokens=8192", *WHY, *INV], "controlled variable"),
+    "controlled seed": (["test", "budget.seed=7", *WHY, *INV], "controlled variable"),
+    "unknown card": (["test", "no_such_card", *WHY, *INV], "no hypothesis card 'no_such_card'"),
+    "empty why": (["test", "optim.lr=3e-3", "--why", " ", *INV], "--why is empty"),
+    "unknown key in a test": (["test", "optim.lrr=3e-3", *WHY, *INV], "unknown config key"),
+    "unparsable test": (["test", "optim.lr=[1,", *WHY, *INV], "cannot parse an override"),
+    "no such investigation": (["test", "optim.lr=3e-3", *WHY, "--investigation", "nope"],
+                              "no investigation 'nope'"),
+    "test on other hardware": (["test", "optim.lr=3e-3", "hydra/launcher=slurm_cpu", *WHY, *INV],
+                               "other hardware"),
+    "launcher key, no launcher": (["test", "optim.lr=3e-3", "hydra.launcher.qos=x", *WHY, *INV],
+                                  "needs a launcher"),
+    "sweep of two variables": (["sweep", "optim.lr=interval(1e-4,1e-2)",
+                                "optim.weight_decay=interval(0,0.1)", *WHY, *INV], "2 variables"),
+    "sweep of one value": (["sweep", "optim.lr=3e-3", *WHY, *INV], "not a sweep"),
+    "unparsable sweep": (["sweep", "optim.lr=interval(1e-4", *WHY, *INV], "cannot parse"),
+    "sweep of a controlled variable": (["sweep", "budget.tokens=choice(4096,8192)", *WHY, *INV],
+                                       "controlled variable"),
+    "sweep of one trial": (["sweep", "optim.lr=interval(1e-4,1e-2)", "--trials", "1", *WHY, *INV],
+                           "--trials 1"),
+    "no seeds": (["baseline", "--seeds", "0", "--investigation", "b0"], "at least one seed"),
+    "investigation exists": (["baseline", *INV], "exists already"),
+    "unknown launcher": (["baseline", "hydra/launcher=nope", "--investigation", "b1"],
+                         "no config 'hydra/launcher/nope'"),
+    "local launcher": (["baseline", "hydra/launcher=submitit_local", "--investigation", "b2"],
+                       "Slurm only"),
+    "$() in a partition": (["baseline", "hydra/launcher=slurm_cpu",
+                            "hydra.launcher.partition='gpu$(touch x)'", "--investigation", "b3"],
+                           "contains '$()'"),
+    "; in an account": (["baseline", "hydra/launcher=slurm_cpu", "hydra.launcher.account='a;id'",
+                         "--investigation", "b4"], "contains ';'"),
+    "backquotes in a QoS": (["baseline", "hydra/launcher=slurm_cpu", "hydra.launcher.qos='`id`'",
+                             "--investigation", "b5"], "contains '`'"),
+    "quotes and | in a comment": (["baseline", "hydra/launcher=slurm_cpu",
+                                   "hydra.launcher.comment='\"a\" | b'", "--investigation", "b6"],
+                                  "contains"),
+    "line break in a constraint": (["baseline", "hydra/launcher=slurm_cpu",
+                                    "hydra.launcher.constraint='a\nb'", "--investigation", "b7"],
+                                   "line break"),
+    "unreachable tracking server": (["baseline", "tracking.uri=http://127.0.0.1:9",
+                                     "--investigation", "b8"], "does not answer"),
+    "verify without a confirmed test": (["verify", *INV], "no confirmed hypothesis"),
+    "reset by nobody": (["reset", "--by", " ", "--reason", "x", *INV], "reset needs --by"),
+    "upload of nothing": (["upload", "/no/such/spool.jsonl"], "no spool file"),
+    "status of nothing": (["status", "--investigation", "nope"], "no investigation 'nope'"),
+}  # fmt: skip
+
+
+@pytest.fixture
+def recorded(workdir, monkeypatch):
+    """An investigation 'inv' with a recorded baseline (no jobs needed to refuse a test), and
+    two whose baseline drifted: 'config-drift' and 'code-drift'."""
+    import json
+
+    from runner import provenance
+    from runner.controller import drift_key
+    from runner.investigation import Store
+
+    uri = f"sqlite:///{workdir}/mlflow.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    store = Store(uri, "hyprun")
+    sha, _ = provenance.git_state()
+    overrides = ["budget.tokens=4096"]
+    for name, drift in (("inv", {}), ("config-drift", {"config_hash": "0" * 16}),
+                        ("code-drift", {"git_sha": "0" * 40})):  # fmt: skip
+        baseline = {"overrides": overrides, "launcher": [], "seeds": 2, "seed_runs": [],
+                    "config_hash": drift_key(overrides), "git_sha": sha, **drift}  # fmt: skip
+        store.tag(
+            store.create(name, "a recorded baseline"), {"hyprun.baseline": json.dumps(baseline)}
+        )
+    return store
+
+
+def _runs(store) -> int:
+    experiments = [e.experiment_id for e in store.client.search_experiments()]
+    return len(store.client.search_runs(experiments, max_results=5000))
+
+
+@pytest.mark.parametrize(("args", "expected"), COMMAND_CASES.values(), ids=COMMAND_CASES.keys())
+def test_investigation_commands_refuse(recorded, capsys, args, expected):
+    before = _runs(recorded)
+    with pytest.raises(SystemExit) as exit_:
+        hyprun(args)
+    err = capsys.readouterr().err.strip()
+    assert exit_.value.code == 2, err
+    assert expected in err and "\n" not in err and err.startswith("hyprun: "), err
+    assert _runs(recorded) == before, "a refused command records nothing"
+
+
+@pytest.mark.parametrize(("name", "expected"), [("config-drift", "configs changed"),
+                                                ("code-drift", "code changed")])  # fmt: skip
+def test_a_drifted_baseline_is_not_compared_against(recorded, capsys, name, expected):
+    before = _runs(recorded)
+    with pytest.raises(SystemExit) as exit_:
+        hyprun(["test", "optim.lr=3e-3", *WHY, "--investigation", name])
+    err = capsys.readouterr().err.strip()
+    assert exit_.value.code == 2 and expected in err and "\n" not in err, err
+    assert _runs(recorded) == before
+
+
+@pytest.mark.parametrize("damage", ["run.json", "checkpoint"])
+def test_a_corrupt_checkpoint_is_refused(workdir, capsys, damage):
+    """A checkpoint folder left broken (a torn write, a disk fault): one line saying how to start
+    over, and nothing recorded."""
+    from runner.checkpoint import config_hash
+    from runner.compose import compose
+
+    overrides = [f"checkpoint.dir={workdir}/ckpt", "budget.tokens=4096"]
+    cfg = compose(overrides)
+    cfg.tracking.run_name = " ".join(overrides)  # as `hyprun train` names its run
+    folder = workdir / "ckpt" / (config_hash(cfg) + "-w1")
+    folder.mkdir(parents=True)
+    if damage == "run.json":
+        (folder / "run.json").write_text("{not json")
+    else:
+        (folder / "run.json").write_text('{"run_id": "0123456789abcdef"}')
+        (folder / "latest").write_text("step000000004")
+        (folder / "step000000004").mkdir()
+        (folder / "step000000004" / "mp_rank_00_model_states.pt").write_bytes(b"\x00torn")
+    with pytest.raises(SystemExit) as exit_:
+        hyprun(["train", *overrides])
+    err = capsys.readouterr().err.strip()
+    assert exit_.value.code == 2 and "cannot be resumed" in err and "\n" not in err, err
+    assert "checkpoint.resume=never" in err
+    assert not (workdir / "mlflow.db").exists()
+
+
+def test_train_refuses_an_unreachable_tracking_server(workdir, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        hyprun(["train", "tracking.uri=http://127.0.0.1:9", f"checkpoint.dir={workdir}/ckpt"])
+    err = capsys.readouterr().err.strip()
+    assert exit_.value.code == 2 and "does not answer" in err and "\n" not in err, err

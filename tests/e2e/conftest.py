@@ -5,8 +5,11 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from collections.abc import Iterator
 
 import pytest
+
+from tests.e2e import browser
 
 
 @pytest.fixture(scope="session")
@@ -29,3 +32,18 @@ def slurm() -> None:
         pytest.fail(problem)
     if problem:
         pytest.skip(problem)
+
+
+@pytest.fixture(scope="session")
+def chromium(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
+    """A headless Chromium driven by Selenium (tests/e2e/install_chromium.sh installs it), with a
+    fresh profile. Without one the test is skipped, unless HYPRUN_REQUIRE_BROWSER=1 (CI), where
+    its absence is a failure."""
+    problem = browser.missing()
+    if problem and os.environ.get("HYPRUN_REQUIRE_BROWSER") == "1":
+        pytest.fail(problem)
+    if problem:
+        pytest.skip(problem)
+    driver = browser.start(tmp_path_factory.mktemp("chromium-profile"))
+    yield driver
+    driver.quit()
