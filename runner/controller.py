@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 import socket
 import time
@@ -158,7 +159,9 @@ def seed_noise(store: Store, run_ids: list[str]) -> dict[str, float]:
 
     found = {}
     for metric in NOISE_METRICS:
-        last = [h[-1][1] for r in run_ids if (h := store.history(r, metric))]
+        # A diverged seed (NaN/inf) has no spread to measure; the triage reports it instead.
+        last = [h[-1][1] for r in run_ids if (h := store.history(r, metric))
+                if math.isfinite(h[-1][1])]  # fmt: skip
         if len(last) >= 2:
             name = metric.replace("/", "_")
             found[f"baseline/{name}_mean"] = statistics.fmean(last)

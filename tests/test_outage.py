@@ -63,3 +63,43 @@ def test_a_server_outage_loses_nothing(tmp_path):
 def _runs(client: MlflowClient) -> list[str]:
     found = client.get_experiment_by_name("hyprun")
     return [r.info.run_id for r in client.search_runs([found.experiment_id])] if found else []
+
+
+def test_a_server_that_never_returns_leaves_the_evidence_and_the_upload_command(tmp_path):
+    port = free_port()
+    server = start_mlflow_server(tmp_path, port)
+    uri = f"http://127.0.0.1:{port}"
+    job = subprocess.Popen(
+        [sys.executable, "-m", "runner.train", *BUDGET, "tracking.outage_grace_s=5",
+         f"checkpoint.dir={tmp_path}/ckpt"],
+        cwd=tmp_path, env=python_env(MLFLOW_TRACKING_URI=uri), stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    client = MlflowClient(uri)
+    deadline = time.monotonic() + 300
+    while not (runs := _runs(client)) or not metric_history(uri, runs[0], "train/loss"):
+        assert time.monotonic() < deadline and job.poll() is None
+        time.sleep(0.2)
+    server.terminate()
+    server.wait(timeout=30)
+    output, _ = job.communicate(timeout=300)
+    assert job.returncode == 1, output
+    [line] = [ln for ln in output.splitlines() if ln.startswith("hyprun:")]
+    assert "has not answered" in line and "hyprun upload" in line
+    [spool] = (tmp_path / "ckpt").glob("*/spool.jsonl")
+    assert str(spool) in line
+
+    server = start_mlflow_server(tmp_path, port)
+    try:
+        done = subprocess.run([sys.executable, "-m", "runner.cli", "upload", str(spool), "--uri",
+                               uri], cwd=tmp_path, env=python_env(), capture_output=True,
+                              text=True, timeout=120)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        run = client.get_run(runs[0])
+        assert run.info.status == "FINISHED" and run.data.tags["hyprun.outcome"] == "completed"
+        steps = [s for s, _ in metric_history(uri, runs[0], "train/loss")]
+        assert steps == list(range(1024, 16385, 1024))
+        assert not spool.exists()
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
