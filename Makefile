@@ -11,7 +11,7 @@ SLURM ?= slurm/local/up.sh
 # The browser tests need Debian's chromium and chromedriver; `make test BROWSER=` skips them.
 BROWSER ?= tests/e2e/install_chromium.sh
 
-.PHONY: setup demo test lint bench clean
+.PHONY: setup demo test lint bench bench-diagnosis clean
 
 $(BIN)/hyprun: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,9 @@ test: setup
 
 bench: setup
 	$(BIN)/python bench/overhead.py
+
+bench-diagnosis: setup
+	$(BIN)/python -m bench.diagnosis
 
 clean:
 	rm -rf $(VENV) .hyprun mlflow.db mlruns

@@ -315,10 +315,13 @@ def test(store: Store, name: str | None, argument: list[str], why: str) -> Outco
     except Exception as error:  # infrastructure, not evidence: no strike
         return record_error(store, test_run, f"H{number} {delta.describe()}", error)
 
-    if watch.stop is not None:
-        verdict = watch.verdict(results, state.baseline["seeds"])
-    else:
-        verdict = decide(store, state, results, primary, guards)
+    try:
+        if watch.stop is not None:
+            verdict = watch.verdict(results, state.baseline["seeds"])
+        else:
+            verdict = decide(store, state, results, primary, guards)
+    except ValueError as error:  # e.g. a diverged baseline: no comparison, and no strike
+        return record_error(store, test_run, f"H{number} {delta.describe()}", error)
     extra = {"hyprun.claimed": card.claimed.effect} if card and card.claimed else {}
     return record_verdict(store, state, test_run, f"H{number} {delta.describe()}", verdict, extra)
 

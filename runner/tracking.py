@@ -31,8 +31,8 @@ MAX_PARAM_CHARS = 6000
 RETRY_S = 3.0  # how often an unanswered server is tried again
 BATCH_LIMITS = {"metrics": 1000, "params": 100, "tags": 100}
 CREDENTIALS = re.compile(r"(?<=://)[^/@\s]+@")
-
-
+# Environment variables whose values are secrets; shorter values than 8 characters are left
+# alone, or every "1" and "true" in the evidence would be masked.
 SECRET_NAMES = re.compile(r"(TOKEN|PASSWORD|SECRET|_KEY)$")
 
 
@@ -40,7 +40,7 @@ def redact(text: str) -> str:
     """Drop `user:password@` from any URI in `text`, and the value of every environment
     variable named like a secret (MLFLOW_TRACKING_TOKEN, *_PASSWORD, *_SECRET, *_KEY)."""
     text = CREDENTIALS.sub("***@", text)
-    secrets = sorted((v for k, v in os.environ.items() if SECRET_NAMES.search(k) and len(v) >= 4),
+    secrets = sorted((v for k, v in os.environ.items() if SECRET_NAMES.search(k) and len(v) >= 8),
                      key=len, reverse=True)  # fmt: skip
     for secret in secrets:
         text = text.replace(secret, "***")

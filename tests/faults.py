@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import torch
 
+from bench.diagnosis.faults import GPTWithBiasedRouter, GPTWithSharpAttention
 from runner.models import GPT
+
+__all__ = ["GPTWithBiasedRouter", "GPTWithNaN", "GPTWithSharpAttention", "GPTWithoutResiduals"]
 
 
 class GPTWithNaN(GPT):
@@ -14,31 +17,6 @@ class GPTWithNaN(GPT):
         super().__init__(**kwargs)
         with torch.no_grad():
             self.get_parameter(nan_parameter).view(-1)[0] = float("nan")
-
-
-class GPTWithSharpAttention(GPT):
-    """Query weights scaled up: attention logits so large that each row attends to one key."""
-
-    def __init__(self, q_scale: float, **kwargs):
-        super().__init__(**kwargs)
-        with torch.no_grad():
-            for block in self.blocks:
-                d = block.attn.qkv.out_features // 3
-                block.attn.qkv.weight[:d] *= q_scale
-
-
-class GPTWithBiasedRouter(GPT):
-    """Every MoE router starts with a strong preference for expert 0: a collapsed router."""
-
-    def __init__(self, router_bias: float, **kwargs):
-        super().__init__(**kwargs)
-        for block in self.blocks:
-            old = block.mlp.router
-            block.mlp.router = torch.nn.Linear(old.in_features, old.out_features, bias=True)
-            with torch.no_grad():
-                block.mlp.router.weight.copy_(old.weight)
-                block.mlp.router.bias.zero_()
-                block.mlp.router.bias[0] = router_bias
 
 
 class GPTWithoutResiduals(GPT):

@@ -49,9 +49,9 @@ def test_8xa100_template_requeues_itself_and_resumes_on_the_local_cluster(tmp_pa
         # What `--signal=B:USR1@120` sends the batch script before the time limit.
         _run(["scancel", "--signal=USR1", "--batch", job])
         _wait(lambda: _squeue(job) == "PENDING", job, out, "the job to requeue itself")
-        # A requeued job waits cred_expire (30 s on the local cluster) before it starts again.
-        subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"],
-                       capture_output=True, check=False)  # fmt: skip
+        # A requeued job waits cred_expire (30 s on the local cluster) before it starts again;
+        # starting it earlier (scontrol update StartTime=now) races the old attempt's cleanup
+        # and the new one fails with a revoked credential.
         _wait(lambda: _squeue(job) == "", job, out, "the second attempt to end")
     finally:
         subprocess.run(["scancel", job], capture_output=True, check=False)
