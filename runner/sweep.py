@@ -53,7 +53,7 @@ from runner.controller import (
 from runner.delta import Delta, measure
 from runner.errors import BadInput, JobsFailed
 from runner.investigation import State, Store
-from runner.launch import Failed, InProcess, Job, safe_name, split
+from runner.launch import Failed, InProcess, Job, result_of, safe_name, split
 from runner.train import JobResult
 
 SWEEPS = Path(".hyprun/sweeps")
@@ -268,8 +268,7 @@ def _verdict(store: Store, state: State, study: optuna.Study, key: str,
                 "pruned": pruned, "trials": table}, {}  # fmt: skip
     best = min(complete, key=lambda t: t.value)
     best_run = best.user_attrs["run_id"]
-    results = [JobResult(r.info.run_id, r.data.tags.get("hyprun.outcome", "completed"), 0, 0,
-                         None, None) for r in store.seed_runs(best_run)]  # fmt: skip
+    results = [result_of(store.client, r.info.run_id) for r in store.seed_runs(best_run)]
     verdict = decide(store, state, results, DEFAULT_PRIMARY, [], looks=looks)
     best_delta = as_override(key, best.params[key])
     verdict.update(best=best_delta, best_trial=best.number, pruned=pruned, trials=table)

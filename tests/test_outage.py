@@ -20,20 +20,8 @@ BUDGET = ["budget.tokens=16384", "budget.eval_every_tokens=4096", "budget.eval_s
 
 
 def test_a_server_outage_loses_nothing(tmp_path):
-    port = free_port()
-    server = start_mlflow_server(tmp_path, port)
-    uri = f"http://127.0.0.1:{port}"
-    job = subprocess.Popen(
-        [sys.executable, "-m", "runner.train", *BUDGET, f"checkpoint.dir={tmp_path}/ckpt"],
-        cwd=tmp_path, env=python_env(MLFLOW_TRACKING_URI=uri), stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
-    client = MlflowClient(uri)
-    deadline = time.monotonic() + 300
-    while not (runs := _runs(client)) or not metric_history(uri, runs[0], "train/loss"):
-        assert time.monotonic() < deadline and job.poll() is None
-        time.sleep(0.2)
-    run_id = runs[0]
+    port, server, job, run_id = _job_logging_to_a_server(tmp_path)
+    uri, client = f"http://127.0.0.1:{port}", MlflowClient(f"http://127.0.0.1:{port}")
 
     server.terminate()
     server.wait(timeout=30)
@@ -60,19 +48,15 @@ def test_a_server_outage_loses_nothing(tmp_path):
         server.wait(timeout=30)
 
 
-def _runs(client: MlflowClient) -> list[str]:
-    found = client.get_experiment_by_name("hyprun")
-    return [r.info.run_id for r in client.search_runs([found.experiment_id])] if found else []
-
-
-def test_a_server_that_never_returns_leaves_the_evidence_and_the_upload_command(tmp_path):
+def _job_logging_to_a_server(folder, *overrides: str):
+    """(port, server, job process, run id) once a job on a fresh server has logged a loss."""
     port = free_port()
-    server = start_mlflow_server(tmp_path, port)
+    server = start_mlflow_server(folder, port)
     uri = f"http://127.0.0.1:{port}"
     job = subprocess.Popen(
-        [sys.executable, "-m", "runner.train", *BUDGET, "tracking.outage_grace_s=5",
-         f"checkpoint.dir={tmp_path}/ckpt"],
-        cwd=tmp_path, env=python_env(MLFLOW_TRACKING_URI=uri), stdout=subprocess.PIPE,
+        [sys.executable, "-m", "runner.train", *BUDGET, *overrides,
+         f"checkpoint.dir={folder}/ckpt"],
+        cwd=folder, env=python_env(MLFLOW_TRACKING_URI=uri), stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     client = MlflowClient(uri)
@@ -80,6 +64,17 @@ def test_a_server_that_never_returns_leaves_the_evidence_and_the_upload_command(
     while not (runs := _runs(client)) or not metric_history(uri, runs[0], "train/loss"):
         assert time.monotonic() < deadline and job.poll() is None
         time.sleep(0.2)
+    return port, server, job, runs[0]
+
+
+def _runs(client: MlflowClient) -> list[str]:
+    found = client.get_experiment_by_name("hyprun")
+    return [r.info.run_id for r in client.search_runs([found.experiment_id])] if found else []
+
+
+def test_a_server_that_never_returns_leaves_the_evidence_and_the_upload_command(tmp_path):
+    port, server, job, run_id = _job_logging_to_a_server(tmp_path, "tracking.outage_grace_s=5")
+    uri, client = f"http://127.0.0.1:{port}", MlflowClient(f"http://127.0.0.1:{port}")
     server.terminate()
     server.wait(timeout=30)
     output, _ = job.communicate(timeout=300)
@@ -95,9 +90,9 @@ def test_a_server_that_never_returns_leaves_the_evidence_and_the_upload_command(
                                uri], cwd=tmp_path, env=python_env(), capture_output=True,
                               text=True, timeout=120)  # fmt: skip
         assert done.returncode == 0, done.stderr
-        run = client.get_run(runs[0])
+        run = client.get_run(run_id)
         assert run.info.status == "FINISHED" and run.data.tags["hyprun.outcome"] == "completed"
-        steps = [s for s, _ in metric_history(uri, runs[0], "train/loss")]
+        steps = [s for s, _ in metric_history(uri, run_id, "train/loss")]
         assert steps == list(range(1024, 16385, 1024))
         assert not spool.exists()
     finally:
