@@ -26,6 +26,18 @@ class Dist:
         return self.rank == 0
 
 
+RENDEZVOUS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+def forget_submitter() -> None:
+    """Drop the rendezvous a Slurm task inherited from the process that submitted it.
+
+    sbatch exports the submitter's environment; a submitter that ran a job in-process holds its
+    MASTER_PORT open, and the task would fail to listen on it (EADDRINUSE)."""
+    for key in RENDEZVOUS:
+        os.environ.pop(key, None)
+
+
 def prepare_env() -> None:
     """Set the variables DeepSpeed reads at import and init. Must run before `import deepspeed`."""
     if not torch.cuda.is_available():

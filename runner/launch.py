@@ -149,8 +149,10 @@ class TrainJob:
     def __call__(self) -> JobResult:
         import os
 
+        from runner import dist
         from runner.train import run
 
+        dist.forget_submitter()
         result = run(OmegaConf.create(self.config))
         # The warning before a time limit (USR1/USR2): the job checkpointed; queue it again.
         # SIGTERM needs nothing: scancel ends the job, `scontrol requeue` and preemption requeue.

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import socket
+
 import pytest
 
+from runner import dist
 from runner.controller import where_tests_run
 from runner.errors import BadInput
 from runner.investigation import State
@@ -51,3 +55,22 @@ def test_tests_run_on_the_baselines_hardware():
 def test_job_names_cannot_break_out_of_their_sbatch_line():
     assert safe_name("a$(touch x);\n#SBATCH --wrap='id'") == "a-touch-x-SBATCH---wrap-id"
     assert safe_name("\n;$") == "hyprun"
+
+
+def test_a_slurm_task_ignores_the_rendezvous_its_submitter_exported(monkeypatch):
+    """sbatch exports the submitter's environment: a task must not reuse a MASTER_PORT that the
+    submitting process (which ran a job in-process) still listens on."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = str(held.getsockname()[1])
+        submitter = dict(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1")
+        for key, value in {**submitter, "MASTER_PORT": port}.items():  # restored afterwards
+            monkeypatch.setenv(key, value)
+        for key, value in dict(SLURM_PROCID="0", SLURM_NTASKS="1", SLURM_LOCALID="0",
+                               SLURM_JOB_ID="155", SLURM_JOB_NODELIST="vm").items():  # fmt: skip
+            monkeypatch.setenv(key, value)
+        dist.forget_submitter()
+        dist.prepare_env()
+        assert os.environ["MASTER_PORT"] == "20155" != port
+        assert os.environ["MASTER_ADDR"] == "vm"

@@ -20,7 +20,7 @@ from mlflow.tracking import MlflowClient
 
 from runner.controller import job_config
 from runner.investigation import Store
-from runner.launch import Job, Slurm, launcher_params, sacct_states
+from runner.launch import Failed, Job, Slurm, launcher_params, sacct_states
 from tests.helpers import metric_history, python_env
 
 # Slow enough to act on a running job (0.4 s per step, 16 steps), small enough for CI.
@@ -174,6 +174,7 @@ def test_requeued_and_time_limited_jobs_resume_and_match_an_uninterrupted_run(
     cfg.checkpoint.dir = str(folder / "reference-checkpoints")
     params = launcher_params(["hydra/launcher=slurm_cpu"])
     [result] = Slurm(params, folder / ".hyprun/slurm/reference", "reference").run([Job(cfg)])
+    assert not isinstance(result, Failed), result.reason
     assert result.status == "completed"
     for metric in ("train/loss", "eval/loss"):
         resumed = metric_history(mlflow_server, requeued.info.run_id, metric)
