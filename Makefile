@@ -11,7 +11,7 @@ SLURM ?= slurm/local/up.sh
 # The browser tests need Debian's chromium and chromedriver; `make test BROWSER=` skips them.
 BROWSER ?= tests/e2e/install_chromium.sh
 
-.PHONY: setup demo test lint bench bench-diagnosis clean
+.PHONY: setup demo test lint bench bench-diagnosis bench-faults clean
 
 $(BIN)/hyprun: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +37,9 @@ bench: setup
 
 bench-diagnosis: setup
 	$(BIN)/python -m bench.diagnosis
+
+bench-faults: setup
+	$(BIN)/python -m bench.faults
 
 clean:
 	rm -rf $(VENV) .hyprun mlflow.db mlruns

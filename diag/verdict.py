@@ -34,6 +34,12 @@ The rule (numbers in diag/tables/verdict.yaml; defaults in brackets):
   effect we want).
 - confirmed: effect > min_effect AND effect > z_needed x noise, no guard regressed, and the
   paired comparison (when available) agrees in sign.
+- Against a diverged baseline (a baseline seed reached NaN/inf in the primary, or the caller says
+  it diverged, e.g. before its first point) nothing finite can be matched, so the question is
+  whether the divergence goes away: a test that diverges too is rejected; one whose every seed
+  trains past the point where the baseline blew up, finite, is confirmed ("removes the
+  divergence") when every baseline seed diverged, and inconclusive when some stayed finite (one
+  seed's divergence flipping can be chance).
 - inconclusive: anything else. `decide` then estimates the seeds per side that would separate
   delta = min_effect (or the measured effect when min_effect is 0) from seed noise:
   n ~ 2 (z sigma / delta)^2 with sigma the relative per-seed sigma, raised until the
@@ -585,6 +591,39 @@ def _seeds_needed(c: _Contrast, spec: MetricSpec, params: VerdictParams, n_b: in
     )
 
 
+def _against_diverged(baseline: Runs, test: Runs, primary: MetricSpec, blown: list[int],
+                      bad: list[int], diverged: bool) -> Verdict:  # fmt: skip
+    """The verdict against a baseline that diverged: the question is no longer "better at
+    matched tokens" (there is nothing finite to match) but "does the divergence go away"."""
+    n = len(baseline)
+    # Where each diverged baseline seed blew up: its first NaN/inf point, else its last point.
+    where = max(min((s for s, v in baseline[seed] if not math.isfinite(v)),
+                    default=max((s for s, _ in baseline[seed]), default=0))
+                for seed in blown)  # fmt: skip
+    reached = min((_last_finite_step(pts) or 0) for pts in test.values())
+    base = (f"{primary.metric} went NaN/inf in baseline seed(s) {', '.join(map(str, blown))} "
+            f"of {n} (by {where:,} tokens)")  # fmt: skip
+
+    def verdict(status: str, reason: str, decide: str | None = None) -> Verdict:
+        return Verdict(status=status, effect=math.nan, effect_abs=math.nan, noise=math.nan,
+                       z=math.nan, tokens=int(reached), n_baseline=n, n_test=len(test),
+                       paired=None, guards=[], reason=reason, decide=decide,
+                       metric=primary.metric)  # fmt: skip
+
+    if diverged or bad:
+        who = f"test seed(s) {', '.join(map(str, bad))}" if bad else "the test (marked)"
+        return verdict("rejected", f"diverged: {who} too, as {base}")
+    if reached <= where:
+        return verdict("inconclusive", f"{base}; the test stopped at {reached:,} tokens, "
+                       "before that point", "run the test to the baseline's budget")  # fmt: skip
+    if len(blown) < n:
+        return verdict("inconclusive", f"{base}, in no test seed: with other baseline seeds "
+                       "finite, a removed divergence cannot be told from chance",
+                       "record a baseline with more seeds (every one diverging)")  # fmt: skip
+    return verdict("confirmed", f"removes the divergence: {base}; every test seed trained to "
+                   f"{reached:,} tokens with a finite {primary.metric}")  # fmt: skip
+
+
 def compare(
     baseline: Runs,
     test: Runs,
@@ -594,6 +633,7 @@ def compare(
     test_guards: Mapping[str, Runs] | None = None,
     *,
     diverged: bool = False,
+    baseline_diverged: Sequence[int] = (),
     looks: int = 1,
     params: VerdictParams | None = None,
 ) -> Verdict:
@@ -602,7 +642,8 @@ def compare(
     `baseline` and `test` map seed -> the primary metric's history (tokens, value) in that run.
     `guards` are metrics that must not regress; their histories are `baseline_guards[metric]`
     and `test_guards[metric]`, each again seed -> points, read at the primary's matched tokens.
-    `diverged=True` marks the test as diverged (a NaN/inf in the primary is detected anyway).
+    `diverged=True` marks the test as diverged (a NaN/inf in the primary is detected anyway);
+    `baseline_diverged` names baseline seeds that diverged, e.g. before their first point.
     `looks` > 1: `test` is the best of that many tried (a sweep); z_confirm is raised to keep the
     family-wise false-confirmation rate at one look's (Bonferroni, bonferroni_z).
     `params` overrides the table (default: diag/tables/verdict.yaml).
@@ -612,15 +653,13 @@ def compare(
         raise ValueError("compare: no baseline runs")
     if not test:
         raise ValueError("compare: no test runs")
+    blown = {s for s, pts in baseline.items() if _has_nonfinite(pts)} | set(baseline_diverged)
     for seed, pts in baseline.items():
-        if not pts:
+        if not pts and seed not in blown:
             raise ValueError(f"baseline seed {seed}: no {primary.metric} points")
-        if _has_nonfinite(pts):
-            raise ValueError(
-                f"baseline seed {seed}: {primary.metric} has NaN/inf; a diverged baseline "
-                "cannot be compared against: record it again"
-            )
     bad = sorted(s for s, pts in test.items() if _has_nonfinite(pts))
+    if blown:
+        return _against_diverged(baseline, test, primary, sorted(blown), bad, diverged)
     ends = [_last_finite_step(pts) for pts in baseline.values()]
     ends += [_last_finite_step(pts) for s, pts in test.items() if s not in bad]
     if any(e is None for e in ends):

@@ -18,6 +18,7 @@ import math
 import os
 import socket
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -199,14 +200,12 @@ def check_drift(state: State) -> None:
 
 
 def claim(store: Store, state: State, delta: Delta, card: Card | None, why: str) -> tuple[str, int]:
-    """Create the test's run first, then count: a test only runs if, among the tests that could
-    still become strikes, fewer than the strikes left were claimed before it. Two commands
-    started together both see both claims and agree on their order."""
-    number = len(state.tests) + 1
-    run_id = store.child(state.run_id, f"H{number} {delta.describe()} · running", {
+    """Create the test's run, take its number, then count: a test only runs if, among the tests
+    that could still become strikes, fewer than the strikes left hold a lower number. Numbers are
+    taken once each (`Store.number`), so two commands started together agree on their order."""
+    run_id = store.child(state.run_id, f"{delta.describe()} · claiming", {
         "hyprun.role": "test",
         "hyprun.investigation": state.name,
-        "hyprun.number": str(number),
         "hyprun.delta": json.dumps(list(delta.overrides)),
         "hyprun.variable": delta.variable,
         "hyprun.card": card.id if card else "",
@@ -216,11 +215,12 @@ def claim(store: Store, state: State, delta: Delta, card: Card | None, why: str)
         "hyprun.controller": controller_id(),
     })  # fmt: skip
     store.params(run_id, changed_params(delta))
+    number = store.number(state, run_id)
+    store.tag(run_id, {"hyprun.number": str(number)})
+    store.rename(run_id, f"H{number} {delta.describe()} · running")
     state = store.refresh(state)
-    mine = next(t for t in state.tests if t.run_id == run_id)
-    order = (mine.started, mine.run_id)
-    ahead = [t for t in state.counted
-             if t.verdict in ("running", "rejected") and (t.started, t.run_id) < order]  # fmt: skip
+    ahead = [t for t in state.counted if 0 < t.number < number
+             and t.verdict in ("running", "rejected")]  # fmt: skip
     if len(ahead) >= STRIKES:
         store.tag(run_id, {"hyprun.verdict": "refused"})
         store.finish(run_id, "KILLED")
@@ -320,7 +320,7 @@ def test(store: Store, name: str | None, argument: list[str], why: str) -> Outco
             verdict = watch.verdict(results, state.baseline["seeds"])
         else:
             verdict = decide(store, state, results, primary, guards)
-    except ValueError as error:  # e.g. a diverged baseline: no comparison, and no strike
+    except ValueError as error:  # e.g. a baseline seed with no points: no comparison, no strike
         return record_error(store, test_run, f"H{number} {delta.describe()}", error)
     extra = {"hyprun.claimed": card.claimed.effect} if card and card.claimed else {}
     return record_verdict(store, state, test_run, f"H{number} {delta.describe()}", verdict, extra)
@@ -456,14 +456,27 @@ def decide(store: Store, state: State, results: list[JobResult], primary: Metric
     test_runs = [r.run_id for r in results]
     ours = {m.metric: _curves(store, test_runs, m.metric) for m in metrics}
     diverged = any(r.status == "diverged" for r in results)
+    blown = [
+        int(run.data.tags.get("hyprun.seed", "0"))
+        for run in map(store.client.get_run, state.baseline["seed_runs"])
+        if run.data.tags.get("hyprun.outcome") == "diverged"
+    ]
     verdict = compare(base[primary.metric], ours[primary.metric], primary, guards=guards,
                       baseline_guards=base, test_guards=ours, diverged=diverged,
-                      looks=looks)  # fmt: skip
+                      baseline_diverged=blown, looks=looks)  # fmt: skip
     return verdict.to_dict()
 
 
-def escalate(store: Store, state: State) -> str:
-    """Three strikes: stop, and hand a human the evidence and the fundamental questions."""
+def escalate(store: Store, state: State) -> None:
+    """Three strikes: stop, and hand a human the evidence and the fundamental questions.
+
+    Tests finishing together may all see the last strike: the first to claim the escalation
+    writes the report and sends the notice, once."""
+    console.print(f"[bold red]Escalated[/]: {state.strikes} strikes. Report: escalation.md on run "
+                  f"{state.run_id}")  # fmt: skip
+    me = f"{controller_id()}:{uuid.uuid4().hex[:8]}"  # threads of one process differ too
+    if not store.once(state.run_id, f"escalation.{len(state.resets) + 1}", me):
+        return
     lines = [
         f"# Escalation: investigation {state.name}",
         "",
@@ -499,9 +512,6 @@ def escalate(store: Store, state: State) -> str:
                   "report": "escalation.md"}  # fmt: skip
         sent = notify(notice, tracking.notify_url, tracking.notify_command)
         store.tag(state.run_id, {"hyprun.notified": "; ".join(sent)})
-    console.print(f"[bold red]Escalated[/]: {state.strikes} strikes. Report: escalation.md on run "
-                  f"{state.run_id}")  # fmt: skip
-    return report
 
 
 def verify(store: Store, name: str | None, test_name: str | None, promote: bool = False) -> dict:

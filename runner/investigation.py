@@ -2,17 +2,21 @@
 
 Nothing here keeps a counter. The state (strikes, escalation, confirmed fix) is derived from the
 children's tags every time it is read, so jobs finishing concurrently cannot corrupt it: the
-worst a race can do is make two readers see the same children.
+worst a race can do is make two readers see the same children. Where one process must win (a
+test's number, the escalation notice), `Store.once` uses the one compare-and-set MLflow has: a
+run's param can be written once, and the store refuses a second, different value.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from mlflow.entities import RunTag
+from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from runner.errors import BadInput
@@ -20,6 +24,8 @@ from runner.tracking import experiment_id, redact
 
 STRIKES = 3
 ROLE, INVESTIGATION = "hyprun.role", "hyprun.investigation"
+NUMBER = "test.H"
+"""Parent-run params `test.H1`, `test.H2`, ...: the run id holding each test number."""
 
 
 @dataclass
@@ -28,7 +34,7 @@ class Test:
 
     run_id: str
     number: int
-    """H1, H2, ... in order of launch."""
+    """H1, H2, ... in order of launch; 0 while the test is taking its number."""
     delta: list[str]
     variable: str
     card: str | None
@@ -128,9 +134,11 @@ class Store:
     def state(self, parent) -> State:
         tags = parent.data.tags
         children = self._children(parent.info.run_id)
+        numbers = {run: int(key[len(NUMBER) :]) for key, run in parent.data.params.items()
+                   if key.startswith(NUMBER)}  # fmt: skip
         tests = sorted(
-            (_test(run) for run in children if run.data.tags.get(ROLE) == "test"),
-            key=lambda t: (t.started, t.run_id),
+            (_test(run, numbers) for run in children if run.data.tags.get(ROLE) == "test"),
+            key=lambda t: (t.number or math.inf, t.started, t.run_id),
         )
         baseline = json.loads(tags["hyprun.baseline"]) if "hyprun.baseline" in tags else None
         resets = sorted(
@@ -141,6 +149,25 @@ class Store:
 
     def refresh(self, state: State) -> State:
         return self.state(self.client.get_run(state.run_id))
+
+    def once(self, run_id: str, key: str, value: str) -> bool:
+        """Write param `key` unless another process wrote it first: True when this call won."""
+        try:
+            self.client.log_param(run_id, key, value)
+            return True
+        except MlflowException:
+            held = self.client.get_run(run_id).data.params.get(key)
+            if held is None:
+                raise  # not a lost race: a real error
+            return held == value
+
+    def number(self, state: State, run_id: str) -> int:
+        """The test's number, H1, H2, ...: the lowest free one, taken once, so concurrent
+        tests get distinct numbers and agree on their order whatever their clocks say."""
+        number = max((t.number for t in state.tests), default=0) + 1
+        while not self.once(state.run_id, f"{NUMBER}{number}", run_id):
+            number += 1
+        return number
 
     def child(self, parent_id: str, name: str, tags: dict[str, str]) -> str:
         run = self.client.create_run(
@@ -207,11 +234,12 @@ class Store:
         )
 
 
-def _test(run) -> Test:
+def _test(run, numbers: dict[str, int]) -> Test:
     tags = run.data.tags
     return Test(
         run_id=run.info.run_id,
-        number=int(tags.get("hyprun.number", "0")),
+        # Tests claimed before numbers were params carry only the tag.
+        number=numbers.get(run.info.run_id) or int(tags.get("hyprun.number", "0")),
         delta=json.loads(tags.get("hyprun.delta", "[]")),
         variable=tags.get("hyprun.variable", ""),
         card=tags.get("hyprun.card") or None,

@@ -14,9 +14,9 @@ import time
 
 import pytest
 
-from runner.controller import DEFAULT_PRIMARY, decide, job_config, record_baseline
+from bench.faults import uninterrupted
+from runner.controller import DEFAULT_PRIMARY, decide, record_baseline
 from runner.investigation import Store
-from runner.train import run
 from tests.helpers import metric_history, python_env
 
 # 16 steps of >= 0.25 s each: a window to kill the test's jobs mid-run.
@@ -60,12 +60,7 @@ def test_kill_9_of_a_running_test_resumes_to_the_same_verdict(workdir, seed):
     assert sorted(runs) == [0, 1]  # one run per seed: nothing rerun from scratch
 
     # The same seeds uninterrupted, with the same config, elsewhere in the store.
-    parent = store.child(state.run_id, "reference", {"hyprun.role": "reference"})
-    reference = []
-    for s in (0, 1):
-        cfg = job_config(store, [*BUDGET, "optim.lr=3e-3"], s, parent, f"reference {s}", {})
-        cfg.checkpoint.dir = str(workdir / "reference")
-        reference.append(run(cfg))
+    reference = uninterrupted(store, state, [*BUDGET, "optim.lr=3e-3"], workdir / "reference")
     for s, result in zip((0, 1), reference, strict=True):
         for metric in ("train/loss", "eval/loss"):
             resumed = metric_history(uri, runs[s], metric)
@@ -73,9 +68,9 @@ def test_kill_9_of_a_running_test_resumes_to_the_same_verdict(workdir, seed):
             assert [p for p, _ in resumed] == [p for p, _ in clean], (seed, metric)
             assert all(math.isclose(a, b, rel_tol=1e-6)
                        for (_, a), (_, b) in zip(resumed, clean, strict=True))  # fmt: skip
-    uninterrupted = decide(store, state, reference, DEFAULT_PRIMARY, [])
-    assert test.verdict == uninterrupted["status"]
-    assert float(test.tags["hyprun.effect"]) == pytest.approx(uninterrupted["effect"], rel=1e-6)
+    straight = decide(store, state, reference, DEFAULT_PRIMARY, [])
+    assert test.verdict == straight["status"]
+    assert float(test.tags["hyprun.effect"]) == pytest.approx(straight["effect"], rel=1e-6)
 
 
 def _seed_runs(store: Store, test_run: str) -> dict[int, str]:

@@ -87,6 +87,7 @@ def add_test(store: Store, parent: str, number: int, delta: list[str], verdict: 
         "hyprun.role": "test", "hyprun.investigation": "inv", "hyprun.number": str(number),
         "hyprun.delta": json.dumps(delta), "hyprun.verdict": status, "hyprun.why": WHY,
         "hyprun.claimed_ms": str(1000 + number), **(tags or {})})  # fmt: skip
+    assert store.once(parent, f"test.H{number}", run)
     if verdict:
         store.tag(run, {"hyprun.reason": verdict["reason"]})
         store.metrics(run, {k: verdict[k] for k in ("effect", "noise") if verdict.get(k)})

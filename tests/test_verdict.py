@@ -189,9 +189,27 @@ def test_rejected_by_divergence():
     # marked by the caller (e.g. from the hyprun.outcome tag) with finite numbers
     v = compare(runs(BASE3), runs({0: 2.86, 1: 2.88, 2: 2.81}), LOSS, diverged=True)
     assert v.status == "rejected" and "marked diverged by the caller" in v.reason
-    # a diverged baseline is an error, not a verdict
-    with pytest.raises(ValueError, match="record it again"):
-        compare({0: [(1024, math.inf)]}, runs({0: 2.9}), LOSS)
+
+
+def test_against_a_diverged_baseline_the_question_is_whether_the_divergence_goes_away():
+    blown = {0: [(1024, 5.0), (2048, math.nan)], 1: [(1024, 5.1), (2048, math.inf)]}
+    v = compare(blown, runs({0: 2.9, 1: 2.95}), LOSS)
+    assert v.status == "confirmed" and v.reason.startswith("removes the divergence")
+    assert "by 2,048 tokens" in v.reason and v.tokens == 4096
+    assert compare(blown, {0: [(1024, 4.0), (2048, math.nan)], 1: [(4096, 3.0)]},
+                   LOSS).status == "rejected"  # fmt: skip
+    # a test that stops before the point where the baseline blew up shows nothing
+    assert compare(blown, runs({0: 2.9, 1: 2.95}, tokens=2048), LOSS).status == "inconclusive"
+    # one baseline seed of two diverging, none of the test's: could be chance
+    partial = {0: blown[0], 1: [(1024, 5.0), (4096, 3.0)]}
+    v = compare(partial, runs({0: 2.9, 1: 2.95}), LOSS)
+    assert v.status == "inconclusive" and "more seeds" in v.decide
+    # diverged before its first point: the caller says so; unsaid, there is nothing to compare
+    v = compare({0: [], 1: []}, runs({0: 2.9, 1: 2.95}), LOSS, baseline_diverged=[0, 1])
+    assert v.status == "confirmed"
+    with pytest.raises(ValueError, match="baseline seed 0: no eval/loss points"):
+        compare({0: [], 1: []}, runs({0: 2.9, 1: 2.95}), LOSS)
+    json.dumps(v.to_dict(), allow_nan=False)
 
 
 def test_inconclusive_says_how_many_seeds_would_decide():
