@@ -56,7 +56,8 @@ def _finite(points: Points) -> Points:
 
 
 def _loss(ev: Evidence, out: Features) -> None:
-    """Trend, oscillation, relative drop and spikes of the train loss."""
+    """Trend, oscillation, relative drop, rebound from its best level and spikes of the train
+    loss."""
     pts = ev.points("train/loss")
     if not pts:
         return
@@ -90,6 +91,13 @@ def _loss(ev: Evidence, out: Features) -> None:
             f"(dropped {1.0 - end / start:.1%})",
         )
         out["loss_last"] = Feature(end, f"train loss at the end (tail median): {end:.4g}")
+    best = _best_level(finite)
+    if best is not None and end is not None and best > 0:
+        out["loss_rebound"] = Feature(
+            end / best - 1.0,
+            f"train loss ended at {end:.4g}, {end / best - 1.0:+.1%} from its best level "
+            f"{best:.4g} (lowest {REBOUND_WINDOW}-point rolling median)",
+        )
     if len(finite) >= 2:
         idx = find_spikes([v for _, v in finite])
         where = ", ".join(f"{finite[i][0]}" for i in idx[:5]) + (" ..." if len(idx) > 5 else "")
@@ -98,6 +106,22 @@ def _loss(ev: Evidence, out: Features) -> None:
             f"{len(idx)} train loss spikes (> 6σ or > 10x the moving average of the last 128)"
             + (f" at tokens {where}" if idx else ""),
         )
+
+
+REBOUND_WINDOW = 5
+"""Points in the rolling median whose lowest value is a curve's best level: one lucky batch is
+not a level the run reached."""
+
+
+def _best_level(points: Points) -> float | None:
+    """Lowest rolling median of `REBOUND_WINDOW` consecutive values; None with fewer than
+    S.MIN_POINTS points."""
+    vals = [v for _, v in points]
+    if len(vals) < max(S.MIN_POINTS, REBOUND_WINDOW):
+        return None
+    return float(
+        min(np.median(vals[i : i + REBOUND_WINDOW]) for i in range(len(vals) - REBOUND_WINDOW + 1))
+    )
 
 
 def _divergence(ev: Evidence, out: Features) -> None:
@@ -130,7 +154,8 @@ def _divergence(ev: Evidence, out: Features) -> None:
 
 
 def _gradients(ev: Evidence, out: Features) -> None:
-    """Global gradient norm level, its worst excursion, spikes, and the spread across depth."""
+    """Global gradient norm level, its worst excursion, its level at the first probe, spikes, and
+    the spread across depth."""
     pts = _finite(ev.points("grad/norm"))
     if pts:
         med = S.median(pts)
@@ -142,6 +167,13 @@ def _gradients(ev: Evidence, out: Features) -> None:
             out["grad_norm_max_over_median"] = Feature(
                 top / med,
                 f"grad norm max {_g(top)} (after the first 10% of tokens) is {top / med:.3g}x "
+                f"its median {_g(med)}",
+            )
+        step0, first = pts[0]
+        if len(pts) >= 4 and med:
+            out["grad_norm_first_over_median"] = Feature(
+                first / med,
+                f"grad norm at the first probe (token {step0}) {_g(first)} is {first / med:.3g}x "
                 f"its median {_g(med)}",
             )
         idx = find_spikes([v for _, v in pts])
@@ -222,7 +254,7 @@ def _per_layer(
 
 
 def _architecture(ev: Evidence, out: Features) -> None:
-    """Attention entropy, MoE load, residual write ratio."""
+    """Attention entropy, MoE load, residual write ratio (settled, and at the first probe)."""
     _per_layer(
         ev,
         out,
@@ -255,10 +287,26 @@ def _architecture(ev: Evidence, out: Features) -> None:
         lambda d: max(d, key=lambda m: d[m]),
         "largest residual write ratio RMS(out−in)/RMS(in)",
     )
+    firsts = {m: (p[0][0], p[0][1]) for m, p in ev.per_block("act/write_ratio").items()}
+    firsts = {m: sv for m, sv in firsts.items() if math.isfinite(sv[1])}
+    if firsts:
+        top = max(firsts, key=lambda m: firsts[m][1])
+        out["write_ratio_first_max"] = Feature(
+            firsts[top][1],
+            f"largest residual write ratio at the first probe (token {firsts[top][0]}): "
+            f"{firsts[top][1]:.3g} at {top} (a block that writes ~0 adds nothing yet)",
+        )
+
+
+MATCHED_EVALS = 4
+"""Evaluations (the last ones) over which the token-matched held-out/train gap is taken."""
+MATCHED_TRAIN_POINTS = 5
+"""Train loss points nearest an evaluation whose median is the train level at its tokens."""
 
 
 def _eval(ev: Evidence, out: Features) -> None:
-    """Held-out vs train loss at the end."""
+    """Held-out vs train loss at the end (the train tail median lags a falling curve), and the
+    same gap matched in tokens: the train level at each of the last evaluations' tokens."""
     train = _finite(ev.points("train/loss"))
     evals = _finite(ev.points("eval/loss"))
     if not train or not evals:
@@ -269,6 +317,21 @@ def _eval(ev: Evidence, out: Features) -> None:
         gap = (e_end - t_end) / abs(t_end)
         out["train_eval_gap"] = Feature(
             gap, f"eval loss {e_end:.4g} vs train loss {t_end:.4g} at the end ({gap:+.1%})"
+        )
+    gaps = []
+    for step, e in evals[-MATCHED_EVALS:]:
+        near = sorted(train, key=lambda p: abs(p[0] - step))[:MATCHED_TRAIN_POINTS]
+        level = float(np.median([v for _, v in near]))
+        if level:
+            gaps.append((e - level) / abs(level))
+    if gaps:
+        gap = float(np.median(gaps))
+        out["eval_gap_matched"] = Feature(
+            gap,
+            f"held-out loss vs the train loss at the same tokens (median of the "
+            f"{MATCHED_TRAIN_POINTS} nearest train points), median over the last {len(gaps)} "
+            f"evaluations: {gap:+.1%} (negative: the held-out targets are easier to predict "
+            f"than the training targets)",
         )
 
 
@@ -319,6 +382,17 @@ def _obvious(ev: Evidence, out: Features) -> None:
         )
 
 
+def _config(ev: Evidence, out: Features) -> None:
+    """Architecture choices read from the run's logged config (absent when it does not say)."""
+    placement = ev.cfg("model.placement")
+    if isinstance(placement, str) and placement:
+        out["post_norm"] = Feature(
+            float(placement == "post"),
+            f"config model.placement {placement} (post: the norm follows the residual add, so "
+            f"the stream has no identity path through the blocks)",
+        )
+
+
 def _num(x: Any) -> float | None:
     """A config value as a float, None when it is not a number."""
     if isinstance(x, bool):
@@ -366,6 +440,7 @@ def features(evidence: Evidence) -> Features:
         _eval,
         _efficiency,
         _obvious,
+        _config,
         _static,
     ):
         part(evidence, out)

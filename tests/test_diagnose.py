@@ -22,6 +22,10 @@ FAULTS = {
     # init_std 1e-8, 0.31 at 24 post-norm layers); a forgotten residual connection does.
     "vanishing gradients": (["model._target_=tests.faults.GPTWithoutResiduals", "model.n_layer=8"],
                             {"vanishing_gradients", "vanishing_early_layers"}),
+    # Measured on 2-seed baselines at this budget (diag/tables/*.yaml name the numbers).
+    "tiny init": (["model.init_std=1e-6"], {"init_too_small"}),
+    "label noise": (["data.source.label_noise=0.6"], {"noisy_labels"}),
+    "exploded, then NaN": (["optim=sgd", "optim.lr=1.0", "ds.grad_clip=0"], {"exploded_then_nan"}),
     "nan in one module": (["model._target_=tests.faults.GPTWithNaN",
                            "+model.nan_parameter=blocks.0.attn.qkv.weight"], {"nan_in_module"}),
     "input-bound loader": (["data.source.loader_delay_ms=100"], {"input_bound"}),

@@ -108,7 +108,7 @@ def run_scenario(scenario: Scenario, workdir: Path, seeds: int, common: list[str
 
 def _investigate(scenario: Scenario, workdir: Path, seeds: int, common: list[str],
                  result: dict[str, Any]) -> None:  # fmt: skip
-    from hypotheses.schema import cards_for, load_cards
+    from hypotheses.schema import load_cards
     from runner import controller
     from runner.diagnose import diagnose
     from runner.errors import BadInput
@@ -130,14 +130,16 @@ def _investigate(scenario: Scenario, workdir: Path, seeds: int, common: list[str
         _collect(store, name, scenario, result)
         return
     _, document = diagnose(store.uri, state.baseline["seed_runs"][0], store.experiment)
-    findings = _triage(scenario, document, result)
+    _triage(scenario, document, result)
 
     cards = load_cards()
     if scenario.kind == "aa":
         candidates = [(None, [delta], "A/A: the data sample changes, the task does not")
                       for delta in scenario.aa]  # fmt: skip
     else:
-        candidates = [(c.id, [c.id], c.statement) for c in cards_for(findings, cards)]
+        # In the order `hyprun diagnose` shows them: by finding, each row's cards as listed.
+        shown = dict.fromkeys(c for f in document["findings"] for c in f["cards"] if c in cards)
+        candidates = [(c, [c], cards[c].statement) for c in shown]
     skipped = []
     for card_id, argument, why in candidates:
         try:
@@ -159,12 +161,11 @@ def _investigate(scenario: Scenario, workdir: Path, seeds: int, common: list[str
     _collect(store, name, scenario, result)
 
 
-def _triage(scenario: Scenario, document: dict[str, Any], result: dict[str, Any]) -> list[str]:
-    """The ranked finding ids of a diagnosis, and where the true cause ranks among them."""
+def _triage(scenario: Scenario, document: dict[str, Any], result: dict[str, Any]) -> None:
+    """Record the ranked finding ids of a diagnosis, and where the true cause ranks among them."""
     findings = [f["id"] for f in document["findings"]]
     result.update(findings=findings, question=document["question"], diagnosed=True)
     result["rank"] = next((i for i, f in enumerate(findings, 1) if f in scenario.cause), None)
-    return findings
 
 
 def _recorded_seed0(store, name: str) -> str | None:
