@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,6 +39,21 @@ def forget_submitter() -> None:
         os.environ.pop(key, None)
 
 
+STALE_LOCK_S = 600
+"""A build lock this old is left by a process killed mid-compile (a build takes ~40 s on a CPU)."""
+
+
+def clear_stale_build_locks(folder: Path) -> None:
+    """Remove torch extension build locks a killed process left behind: torch waits on such a
+    lock forever, so every later job would hang before its first step."""
+    for lock in folder.glob("*/lock"):
+        try:
+            if time.time() - lock.stat().st_mtime > STALE_LOCK_S:
+                lock.unlink()
+        except FileNotFoundError:
+            pass  # the build finished meanwhile
+
+
 def prepare_env() -> None:
     """Set the variables DeepSpeed reads at import and init. Must run before `import deepspeed`."""
     if not torch.cuda.is_available():
@@ -45,6 +61,7 @@ def prepare_env() -> None:
     # DeepSpeed compiles a communication extension on first use (~40 s on a CPU): keep it cached.
     cache = Path.home() / ".cache" / "hyprun" / "torch_extensions"
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(cache))
+    clear_stale_build_locks(Path(os.environ["TORCH_EXTENSIONS_DIR"]))
     if "RANK" not in os.environ and "SLURM_PROCID" in os.environ and "SLURM_NTASKS" in os.environ:
         # srun starts one task per process: translate Slurm's names into torch's.
         os.environ["RANK"] = os.environ["SLURM_PROCID"]

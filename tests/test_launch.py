@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 
 import pytest
 
@@ -74,3 +75,15 @@ def test_a_slurm_task_ignores_the_rendezvous_its_submitter_exported(monkeypatch)
         dist.prepare_env()
         assert os.environ["MASTER_PORT"] == "20155" != port
         assert os.environ["MASTER_ADDR"] == "vm"
+
+
+def test_a_build_lock_left_by_a_killed_compile_is_cleared(tmp_path):
+    """torch waits forever on an extension's build lock; one older than any build is stale."""
+    stale, fresh = tmp_path / "deepspeed_shm_comm" / "lock", tmp_path / "other" / "lock"
+    for lock in (stale, fresh):
+        lock.parent.mkdir()
+        lock.touch()
+    old = time.time() - dist.STALE_LOCK_S - 1
+    os.utime(stale, (old, old))
+    dist.clear_stale_build_locks(tmp_path)
+    assert not stale.exists() and fresh.exists()  # a build in progress keeps its lock
