@@ -268,6 +268,11 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=None, help="the kill moment's RNG seed")
     parser.add_argument("--json", type=Path, help="also write the rows here")
     args = parser.parse_args()
+    # Refused before minutes of work, not after (argparse: one line, exit 2).
+    if not args.outage_s >= 0:
+        parser.error(f"--outage-s {args.outage_s}: give a number of seconds >= 0")
+    if args.json and not args.json.resolve().parent.is_dir():
+        parser.error(f"--json {args.json}: its folder does not exist; create it or pick another")
     with tempfile.TemporaryDirectory(prefix="hyprun-faults-") as tmp:
         folder = Path(tmp)
         os.chdir(folder)

@@ -221,3 +221,15 @@ def test_train_refuses_an_unreachable_tracking_server(workdir, capsys):
         hyprun(["train", "tracking.uri=http://127.0.0.1:9", f"checkpoint.dir={workdir}/ckpt"])
     err = capsys.readouterr().err.strip()
     assert exit_.value.code == 2 and "does not answer" in err and "\n" not in err, err
+
+
+@pytest.mark.parametrize(("args", "expected"), [
+    (["--outage-s", "-5"], "--outage-s -5.0: give a number of seconds >= 0"),
+    (["--json", "/nonexistent/rows.json"], "its folder does not exist"),
+])  # fmt: skip
+def test_bench_faults_refuses_before_any_work(args, expected):
+    command = [sys.executable, "-m", "bench.faults", *args]
+    done = subprocess.run(command, cwd=ROOT, env=python_env(), capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert done.returncode == 2 and expected in done.stderr.strip().splitlines()[-1]
+    assert done.stdout == ""  # no scenario ran
