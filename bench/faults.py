@@ -45,9 +45,15 @@ from runner.train import JobResult, run
 from tests.helpers import free_port, python_env, start_mlflow_server
 
 # 16 steps of >= 0.25 s each: a window to kill a job or stop its server mid-run.
-BUDGET = ["budget.tokens=16384", "budget.eval_every_tokens=4096", "budget.eval_sequences=16",
-          "checkpoint.every_tokens=2048", "data.source.loader_delay_ms=250",
-          "tracking.flush_every_s=0.5", "tracking.system_metrics_every_s=0"]  # fmt: skip
+BUDGET = [
+    "budget.tokens=16384",
+    "budget.eval_every_tokens=4096",
+    "budget.eval_sequences=16",
+    "checkpoint.every_tokens=2048",
+    "data.source.loader_delay_ms=250",
+    "tracking.flush_every_s=0.5",
+    "tracking.system_metrics_every_s=0",
+]
 METRICS = ("train/loss", "eval/loss")
 WHY = "I think [cause] because [evidence]"
 RACERS = 6
@@ -74,10 +80,13 @@ class Survived:
 
     @property
     def intact(self) -> bool:
-        return (self.runs_found == self.runs_expected and self.duplicates == 0
-                and self.points_found == self.points_expected
-                and self.strikes_found == self.strikes_expected
-                and self.notices_found == self.notices_expected)  # fmt: skip
+        return (
+            self.runs_found == self.runs_expected
+            and self.duplicates == 0
+            and self.points_found == self.points_expected
+            and self.strikes_found == self.strikes_expected
+            and self.notices_found == self.notices_expected
+        )
 
 
 def points(store: Store, run_ids: list[str]) -> tuple[int, int]:
@@ -97,13 +106,28 @@ def seed_runs(store: Store, parent: str) -> dict[int, str]:
 
 def crash(store: Store, folder: Path, rng: random.Random) -> Survived:
     state = record_baseline(store, "crash", [*BUDGET, f"checkpoint.dir={folder}/ckpt"], 2, "")
-    command = [sys.executable, "-m", "runner.cli", "test", "optim.lr=3e-3", "--why", WHY,
-               "--investigation", "crash"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "runner.cli",
+        "test",
+        "optim.lr=3e-3",
+        "--why",
+        WHY,
+        "--investigation",
+        "crash",
+    ]
 
     def hyprun_test() -> subprocess.Popen:
-        return subprocess.Popen(command, cwd=folder, env=python_env(MLFLOW_TRACKING_URI=store.uri),
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                start_new_session=True)  # fmt: skip
+        return subprocess.Popen(
+            command,
+            cwd=folder,
+            env=python_env(MLFLOW_TRACKING_URI=store.uri),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
 
     first = hyprun_test()
     deadline = time.monotonic() + 300
@@ -127,14 +151,23 @@ def crash(store: Store, folder: Path, rng: random.Random) -> Survived:
     runs = list(seed_runs(store, state.tests[0].run_id).values())
     expected, _ = points(store, [r.run_id for r in reference])
     found, duplicates = points(store, runs)
-    return Survived("crash", 1 + 2, len(state.tests) + len(runs), expected, found, duplicates,
-                    int(verdict == "rejected"), state.strikes,
-                    note=f"SIGKILL after {moment:.1f} s; verdict {state.tests[0].verdict}, "
-                    f"uninterrupted {verdict}")  # fmt: skip
+    return Survived(
+        "crash",
+        1 + 2,
+        len(state.tests) + len(runs),
+        expected,
+        found,
+        duplicates,
+        int(verdict == "rejected"),
+        state.strikes,
+        note=f"SIGKILL after {moment:.1f} s; verdict {state.tests[0].verdict}, "
+        f"uninterrupted {verdict}",
+    )
 
 
-def uninterrupted(store: Store, state: State, overrides: list[str], checkpoints: Path
-                  ) -> list[JobResult]:  # fmt: skip
+def uninterrupted(
+    store: Store, state: State, overrides: list[str], checkpoints: Path
+) -> list[JobResult]:
     """Seeds 0 and 1 of `overrides` run straight through, under a `reference` child run."""
     parent = store.child(state.run_id, "reference", {"hyprun.role": "reference"})
     results = []
@@ -151,11 +184,20 @@ def outage(folder: Path, outage_s: float) -> Survived:
     server = start_mlflow_server(folder, port)
     store = Store(uri, "outage")
     job = subprocess.Popen(
-        [sys.executable, "-m", "runner.train", *BUDGET, "tracking.experiment=outage",
-         f"checkpoint.dir={folder}/ckpt"],
-        cwd=folder, env=python_env(MLFLOW_TRACKING_URI=uri), stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "runner.train",
+            *BUDGET,
+            "tracking.experiment=outage",
+            f"checkpoint.dir={folder}/ckpt",
+        ],
+        cwd=folder,
+        env=python_env(MLFLOW_TRACKING_URI=uri),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 300
         while not (runs := _runs(store)) or not store.history(runs[0], "train/loss"):
@@ -175,8 +217,15 @@ def outage(folder: Path, outage_s: float) -> Survived:
         server.terminate()
         server.wait(timeout=30)
     steps, marks = 16384 // 1024, 16384 // 4096
-    return Survived("outage", 1, len(runs), steps + marks, found, duplicates,
-                    note=f"server down {outage_s:.0f} s; run {finished}")  # fmt: skip
+    return Survived(
+        "outage",
+        1,
+        len(runs),
+        steps + marks,
+        found,
+        duplicates,
+        note=f"server down {outage_s:.0f} s; run {finished}",
+    )
 
 
 def _runs(store: Store) -> list[str]:
@@ -198,8 +247,13 @@ def claim_then_finish(uri: str, name: str, value: float, start, finish, results)
         return
     results.put(("claimed", number))
     finish.wait()  # every claimant's verdict is written at the same moment
-    verdict = {"status": "rejected", "reason": "worse than the baseline band", "effect": -0.1,
-               "noise": 0.01, "tokens": 16384}  # fmt: skip
+    verdict = {
+        "status": "rejected",
+        "reason": "worse than the baseline band",
+        "effect": -0.1,
+        "noise": 0.01,
+        "tokens": 16384,
+    }
     record_verdict(store, store.refresh(state), run_id, f"H{number}", verdict, {})
 
 
@@ -221,9 +275,13 @@ def race(store: Store, name: str, notices: Path, checkpoints: Path) -> list[tupl
     notifying_baseline(store, name, notices, checkpoints)
     context = multiprocessing.get_context("spawn")
     start, finish, results = context.Barrier(RACERS), context.Barrier(RACERS), context.Queue()
-    racers = [context.Process(target=claim_then_finish,
-                              args=(store.uri, name, 2e-5 + i * 1e-6, start, finish, results))
-              for i in range(RACERS)]  # fmt: skip
+    racers = [
+        context.Process(
+            target=claim_then_finish,
+            args=(store.uri, name, 2e-5 + i * 1e-6, start, finish, results),
+        )
+        for i in range(RACERS)
+    ]
     for racer in racers:
         racer.start()
     for racer in racers:
@@ -243,22 +301,36 @@ def concurrency(store: Store, folder: Path) -> Survived:
     state = store.find_any("race")
     numbers = sorted(t.number for t in state.tests)
     ran = [n for kind, n in outcomes if kind == "claimed"]
-    return Survived("concurrency", RACERS, len(state.tests), 0, 0,
-                    len(numbers) - len(set(numbers)), STRIKES, state.strikes, 1,
-                    notice_count(notices), f"H{numbers[0]}..H{numbers[-1]}; ran "
-                    f"{', '.join(f'H{n}' for n in ran)}, refused {RACERS - len(ran)}")  # fmt: skip
+    return Survived(
+        "concurrency",
+        RACERS,
+        len(state.tests),
+        0,
+        0,
+        len(numbers) - len(set(numbers)),
+        STRIKES,
+        state.strikes,
+        1,
+        notice_count(notices),
+        f"H{numbers[0]}..H{numbers[-1]}; ran "
+        f"{', '.join(f'H{n}' for n in ran)}, refused {RACERS - len(ran)}",
+    )
 
 
 def table(rows: list[Survived]) -> str:
-    lines = ["| scenario | runs exp/found | points exp/found | duplicates | strikes exp/found "
-             "| notices exp/found | intact | note |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    lines = [
+        "| scenario | runs exp/found | points exp/found | duplicates | strikes exp/found "
+        "| notices exp/found | intact | note |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for r in rows:
         strikes = "—" if r.strikes_expected is None else f"{r.strikes_expected}/{r.strikes_found}"
         notices = "—" if r.notices_expected is None else f"{r.notices_expected}/{r.notices_found}"
-        lines.append(f"| {r.scenario} | {r.runs_expected}/{r.runs_found} | {r.points_expected}/"
-                     f"{r.points_found} | {r.duplicates} | {strikes} | {notices} | "
-                     f"{'yes' if r.intact else 'NO'} | {r.note} |")  # fmt: skip
+        lines.append(
+            f"| {r.scenario} | {r.runs_expected}/{r.runs_found} | {r.points_expected}/"
+            f"{r.points_found} | {r.duplicates} | {strikes} | {notices} | "
+            f"{'yes' if r.intact else 'NO'} | {r.note} |"
+        )
     return "\n".join(lines)
 
 
@@ -280,8 +352,7 @@ def main() -> int:
         server = start_mlflow_server(folder, port)
         try:
             store = Store(f"http://127.0.0.1:{port}", "hyprun")
-            rows = [crash(store, folder, random.Random(args.seed)),
-                    concurrency(store, folder)]  # fmt: skip
+            rows = [crash(store, folder, random.Random(args.seed)), concurrency(store, folder)]
         finally:
             server.terminate()
             server.wait(timeout=30)

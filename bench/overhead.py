@@ -105,8 +105,10 @@ def overhead(overrides: list[str], steps: int, rounds: int) -> None:
                 times[name] += fn(cfg)[5:]  # the first steps warm caches up
     cfg = compose(overrides)
     tokens_per_step = cfg.ds.micro_batch * cfg.ds.grad_accum * cfg.model.seq_len
-    print(f"model {cfg.model.n_layer}L d{cfg.model.d_model}, {tokens_per_step} tokens/step, "
-          f"{rounds} interleaved rounds of {steps} steps per side")  # fmt: skip
+    print(
+        f"model {cfg.model.n_layer}L d{cfg.model.d_model}, {tokens_per_step} tokens/step, "
+        f"{rounds} interleaved rounds of {steps} steps per side"
+    )
     print(f"{'side':28} median step (ms)   mean step (ms)   tokens/s (median)")
     for name, values in times.items():
         median, mean = statistics.median(values), statistics.fmean(values)
@@ -123,9 +125,14 @@ def mfu(steps: int) -> None:
         raise SystemExit("--mfu needs a GPU: no CUDA device here")
     name = torch.cuda.get_device_name()
     peak = next((v for k, v in PEAK_BF16_FLOPS.items() if k in name), None)
-    overrides = ["model=gpt_1b", "ds=zero2_bf16", "data.vocab_size=50304",
-                 "data.source.n_train=256", "data.source.n_heldout=16",
-                 "budget.eval_sequences=8"]  # fmt: skip
+    overrides = [
+        "model=gpt_1b",
+        "ds=zero2_bf16",
+        "data.vocab_size=50304",
+        "data.source.n_train=256",
+        "data.source.n_heldout=16",
+        "budget.eval_sequences=8",
+    ]
     with tempfile.TemporaryDirectory() as tmp:
         cfg = config(overrides, steps, Path(tmp), 0)
         step_time = statistics.median(hyprun_job(cfg)[3:])

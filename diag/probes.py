@@ -89,8 +89,11 @@ def attention_capture(model: nn.Module, heads: int) -> Iterator[dict[str, float]
     Fused attention returns no probabilities, so the built-in GPT recomputes them for a few
     heads and rows when `capture_heads` is set; other models are skipped."""
     entropies: dict[str, float] = {}
-    modules = [(f"blocks.{i}", b.attn) for i, b in enumerate(getattr(model, "blocks", []) or [])
-               if hasattr(getattr(b, "attn", None), "capture_heads")]  # fmt: skip
+    modules = [
+        (f"blocks.{i}", b.attn)
+        for i, b in enumerate(getattr(model, "blocks", []) or [])
+        if hasattr(getattr(b, "attn", None), "capture_heads")
+    ]
     for _, attn in modules:
         attn.capture_heads = heads
     try:

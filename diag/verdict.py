@@ -591,37 +591,69 @@ def _seeds_needed(c: _Contrast, spec: MetricSpec, params: VerdictParams, n_b: in
     )
 
 
-def _against_diverged(baseline: Runs, test: Runs, primary: MetricSpec, blown: list[int],
-                      bad: list[int], diverged: bool) -> Verdict:  # fmt: skip
+def _against_diverged(
+    baseline: Runs,
+    test: Runs,
+    primary: MetricSpec,
+    blown: list[int],
+    bad: list[int],
+    diverged: bool,
+) -> Verdict:
     """The verdict against a baseline that diverged: the question is no longer "better at
     matched tokens" (there is nothing finite to match) but "does the divergence go away"."""
     n = len(baseline)
     # Where each diverged baseline seed blew up: its first NaN/inf point, else its last point.
-    where = max(min((s for s, v in baseline[seed] if not math.isfinite(v)),
-                    default=max((s for s, _ in baseline[seed]), default=0))
-                for seed in blown)  # fmt: skip
+    where = max(
+        min(
+            (s for s, v in baseline[seed] if not math.isfinite(v)),
+            default=max((s for s, _ in baseline[seed]), default=0),
+        )
+        for seed in blown
+    )
     reached = min((_last_finite_step(pts) or 0) for pts in test.values())
-    base = (f"{primary.metric} went NaN/inf in baseline seed(s) {', '.join(map(str, blown))} "
-            f"of {n} (by {where:,} tokens)")  # fmt: skip
+    base = (
+        f"{primary.metric} went NaN/inf in baseline seed(s) {', '.join(map(str, blown))} "
+        f"of {n} (by {where:,} tokens)"
+    )
 
     def verdict(status: str, reason: str, decide: str | None = None) -> Verdict:
-        return Verdict(status=status, effect=math.nan, effect_abs=math.nan, noise=math.nan,
-                       z=math.nan, tokens=int(reached), n_baseline=n, n_test=len(test),
-                       paired=None, guards=[], reason=reason, decide=decide,
-                       metric=primary.metric)  # fmt: skip
+        return Verdict(
+            status=status,
+            effect=math.nan,
+            effect_abs=math.nan,
+            noise=math.nan,
+            z=math.nan,
+            tokens=int(reached),
+            n_baseline=n,
+            n_test=len(test),
+            paired=None,
+            guards=[],
+            reason=reason,
+            decide=decide,
+            metric=primary.metric,
+        )
 
     if diverged or bad:
         who = f"test seed(s) {', '.join(map(str, bad))}" if bad else "the test (marked)"
         return verdict("rejected", f"diverged: {who} too, as {base}")
     if reached <= where:
-        return verdict("inconclusive", f"{base}; the test stopped at {reached:,} tokens, "
-                       "before that point", "run the test to the baseline's budget")  # fmt: skip
+        return verdict(
+            "inconclusive",
+            f"{base}; the test stopped at {reached:,} tokens, before that point",
+            "run the test to the baseline's budget",
+        )
     if len(blown) < n:
-        return verdict("inconclusive", f"{base}, in no test seed: with other baseline seeds "
-                       "finite, a removed divergence cannot be told from chance",
-                       "record a baseline with more seeds (every one diverging)")  # fmt: skip
-    return verdict("confirmed", f"removes the divergence: {base}; every test seed trained to "
-                   f"{reached:,} tokens with a finite {primary.metric}")  # fmt: skip
+        return verdict(
+            "inconclusive",
+            f"{base}, in no test seed: with other baseline seeds "
+            "finite, a removed divergence cannot be told from chance",
+            "record a baseline with more seeds (every one diverging)",
+        )
+    return verdict(
+        "confirmed",
+        f"removes the divergence: {base}; every test seed trained to "
+        f"{reached:,} tokens with a finite {primary.metric}",
+    )
 
 
 def compare(

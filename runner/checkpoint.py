@@ -49,8 +49,10 @@ class Checkpointer:
             raise self.corrupt(f"{RUN_FILE} is not valid") from None
 
     def corrupt(self, what: str) -> BadInput:
-        return BadInput(f"the checkpoint in {self.dir} cannot be resumed ({what}): delete that "
-                        "folder to start over, or rerun with checkpoint.resume=never")  # fmt: skip
+        return BadInput(
+            f"the checkpoint in {self.dir} cannot be resumed ({what}): delete that "
+            "folder to start over, or rerun with checkpoint.resume=never"
+        )
 
     def remember_run(self, run_id: str) -> None:
         if self.is_main:

@@ -93,8 +93,9 @@ def cmd_profile(args: argparse.Namespace) -> int:
     for column in ("module", "forward ms", "backward ms", "share"):
         table.add_column(column, justify="left" if column == "module" else "right")
     for name, row in sorted(found.items(), key=lambda item: -item[1]["share"]):
-        table.add_row(name, f"{row['forward_ms']:.2f}", f"{row['backward_ms']:.2f}",
-                      f"{row['share']:.0%}")  # fmt: skip
+        table.add_row(
+            name, f"{row['forward_ms']:.2f}", f"{row['backward_ms']:.2f}", f"{row['share']:.0%}"
+        )
     Console(highlight=False).print(table)
     return 0
 
@@ -116,8 +117,10 @@ def cmd_baseline(args: argparse.Namespace) -> int:
     name = args.investigation or time.strftime("inv-%Y%m%d-%H%M%S")
     store = _store(split(args.overrides)[0], args.experiment)
     state = record_baseline(store, name, args.overrides, args.seeds, args.why)
-    console.print(f"baseline of investigation {state.name!r} recorded ({args.seeds} seeds, "
-                  f"parent run {state.run_id}); next: hyprun test CARD --why ...")  # fmt: skip
+    console.print(
+        f"baseline of investigation {state.name!r} recorded ({args.seeds} seeds, "
+        f"parent run {state.run_id}); next: hyprun test CARD --why ..."
+    )
     return 0
 
 
@@ -135,8 +138,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from runner.sweep import sweep
 
     store = _store(experiment=args.experiment)
-    return sweep(store, args.investigation, args.sweep, args.trials, args.why,
-                 args.parallel).exit_code  # fmt: skip
+    return sweep(
+        store, args.investigation, args.sweep, args.trials, args.why, args.parallel
+    ).exit_code
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -148,13 +152,25 @@ def cmd_status(args: argparse.Namespace) -> int:
     state = _store(experiment=args.experiment).find(args.investigation)
     jobs = slurm_states({t.run_id: t.tags.get("slurm.jobs", "") for t in state.tests})
     rows = [
-        {"test": f"H{t.number}", "delta": " ".join(t.delta), "card": t.card, "verdict": t.verdict,
-         "reason": t.tags.get("hyprun.reason", ""), "run_id": t.run_id,
-         "slurm": jobs.get(t.run_id, {})}
+        {
+            "test": f"H{t.number}",
+            "delta": " ".join(t.delta),
+            "card": t.card,
+            "verdict": t.verdict,
+            "reason": t.tags.get("hyprun.reason", ""),
+            "run_id": t.run_id,
+            "slurm": jobs.get(t.run_id, {}),
+        }
         for t in state.tests
-    ]  # fmt: skip
-    document = {"investigation": state.name, "run_id": state.run_id, "baseline": state.baseline,
-                "strikes": state.strikes, "escalated": state.escalated, "tests": rows}  # fmt: skip
+    ]
+    document = {
+        "investigation": state.name,
+        "run_id": state.run_id,
+        "baseline": state.baseline,
+        "strikes": state.strikes,
+        "escalated": state.escalated,
+        "tests": rows,
+    }
     if args.json:
         print(json.dumps(document, indent=2))
         return 0
@@ -221,11 +237,21 @@ def parser() -> argparse.ArgumentParser:
     )
     sub = p.add_subparsers(dest="command", required=True)
     commands = {}
-    handlers = (("train", cmd_train), ("demo", cmd_demo), ("check", cmd_check),
-                ("diagnose", cmd_diagnose), ("profile", cmd_profile), ("baseline", cmd_baseline),
-                ("test", cmd_test), ("sweep", cmd_sweep), ("status", cmd_status),
-                ("reset", cmd_reset), ("verify", cmd_verify), ("report", cmd_report),
-                ("upload", cmd_upload))  # fmt: skip
+    handlers = (
+        ("train", cmd_train),
+        ("demo", cmd_demo),
+        ("check", cmd_check),
+        ("diagnose", cmd_diagnose),
+        ("profile", cmd_profile),
+        ("baseline", cmd_baseline),
+        ("test", cmd_test),
+        ("sweep", cmd_sweep),
+        ("status", cmd_status),
+        ("reset", cmd_reset),
+        ("verify", cmd_verify),
+        ("report", cmd_report),
+        ("upload", cmd_upload),
+    )
     for name, fn in handlers:
         commands[name] = sub.add_parser(
             name, help=fn.__doc__.splitlines()[0], description=fn.__doc__
@@ -250,8 +276,11 @@ def parser() -> argparse.ArgumentParser:
     commands["test"].add_argument("hypothesis", nargs="+", help="a card id, or overrides")
     commands["test"].add_argument("--why", required=True, help="I think [cause] because [evidence]")
     sweep = commands["sweep"]
-    sweep.add_argument("sweep", nargs="+", help="KEY=SWEEP, e.g. 'optim.lr=tag(log, interval(1e-5, "
-                       "1e-3))', plus launcher overrides")  # fmt: skip
+    sweep.add_argument(
+        "sweep",
+        nargs="+",
+        help="KEY=SWEEP, e.g. 'optim.lr=tag(log, interval(1e-5, 1e-3))', plus launcher overrides",
+    )
     sweep.add_argument("--trials", type=int, default=8, help="how many values to try")
     sweep.add_argument("--parallel", type=int, help="trials per job array on Slurm (default all)")
     sweep.add_argument("--why", required=True, help="I think [cause] because [evidence]")

@@ -17,8 +17,9 @@ CONFIG_MODULE = "conf"
 CONFIG_NAME = "train"
 
 
-def compose(overrides: Sequence[str] = (), config_name: str = CONFIG_NAME,
-            return_hydra_config: bool = False) -> DictConfig:  # fmt: skip
+def compose(
+    overrides: Sequence[str] = (), config_name: str = CONFIG_NAME, return_hydra_config: bool = False
+) -> DictConfig:
     """The resolved job config for `overrides`, or BadInput naming the bad override and the fix.
     `return_hydra_config` keeps Hydra's own node (`hydra.launcher` among it), unresolved."""
     overrides = list(overrides)

@@ -69,8 +69,9 @@ def drift_key(overrides: list[str]) -> str:
     return config_hash(compose(overrides), exclude=("checkpoint", "tracking"))
 
 
-def job_config(store: Store, overrides: list[str], seed: int, parent: str, name: str,
-               tags: dict) -> DictConfig:  # fmt: skip
+def job_config(
+    store: Store, overrides: list[str], seed: int, parent: str, name: str, tags: dict
+) -> DictConfig:
     """One seed's job, recording into the investigation's store below `parent`."""
     cfg = compose([*overrides, f"budget.seed={seed}"])
     validate(cfg)
@@ -93,8 +94,10 @@ def record_baseline(store: Store, name: str, overrides: list[str], seeds: int, w
     launcher = launcher_for(launcher_overrides, *_slurm_names(name, "baseline"))
     parent = store.create(name, f"Baseline: {' '.join(overrides) or 'defaults'}. {why}".strip())
     tags = {"hyprun.role": "baseline", "hyprun.investigation": name}
-    jobs = [Job(job_config(store, overrides, seed, parent, f"baseline · seed {seed}", tags))
-            for seed in range(seeds)]  # fmt: skip
+    jobs = [
+        Job(job_config(store, overrides, seed, parent, f"baseline · seed {seed}", tags))
+        for seed in range(seeds)
+    ]
     try:
         results = run_jobs(store, parent, launcher, jobs)
     except JobsFailed as error:
@@ -120,8 +123,9 @@ def record_baseline(store: Store, name: str, overrides: list[str], seeds: int, w
     return state
 
 
-def run_jobs(store: Store, owner: str, launcher: InProcess | Slurm, jobs: list[Job]
-             ) -> list[JobResult]:  # fmt: skip
+def run_jobs(
+    store: Store, owner: str, launcher: InProcess | Slurm, jobs: list[Job]
+) -> list[JobResult]:
     """Run the jobs; their Slurm ids go on the `owner` run; any failure fails them all."""
     outcomes = launcher.run(jobs, lambda ids: store.tag(owner, {"slurm.jobs": ",".join(ids)}))
     failed = [o.reason for o in outcomes if isinstance(o, Failed)]
@@ -146,8 +150,10 @@ def where_tests_run(state: State, given: list[str], what: str) -> InProcess | Sl
     resources = [o for o in given if o.split("=")[0].rsplit(".", 1)[-1] in HARDWARE_KEYS]
     if (group and group[0] not in recorded) or resources:
         where = " ".join(recorded) or "in this process"
-        raise BadInput(f"the baseline ran {where}: a test on other hardware is not controlled; "
-                       "drop the launcher override or record a new baseline there")  # fmt: skip
+        raise BadInput(
+            f"the baseline ran {where}: a test on other hardware is not controlled; "
+            "drop the launcher override or record a new baseline there"
+        )
     return launcher_for([*recorded, *given], *_slurm_names(state.name, what))
 
 
@@ -161,8 +167,9 @@ def seed_noise(store: Store, run_ids: list[str]) -> dict[str, float]:
     found = {}
     for metric in NOISE_METRICS:
         # A diverged seed (NaN/inf) has no spread to measure; the triage reports it instead.
-        last = [h[-1][1] for r in run_ids if (h := store.history(r, metric))
-                if math.isfinite(h[-1][1])]  # fmt: skip
+        last = [
+            h[-1][1] for r in run_ids if (h := store.history(r, metric)) if math.isfinite(h[-1][1])
+        ]
         if len(last) >= 2:
             name = metric.replace("/", "_")
             found[f"baseline/{name}_mean"] = statistics.fmean(last)
@@ -203,30 +210,38 @@ def claim(store: Store, state: State, delta: Delta, card: Card | None, why: str)
     """Create the test's run, take its number, then count: a test only runs if, among the tests
     that could still become strikes, fewer than the strikes left hold a lower number. Numbers are
     taken once each (`Store.number`), so two commands started together agree on their order."""
-    run_id = store.child(state.run_id, f"{delta.describe()} · claiming", {
-        "hyprun.role": "test",
-        "hyprun.investigation": state.name,
-        "hyprun.delta": json.dumps(list(delta.overrides)),
-        "hyprun.variable": delta.variable,
-        "hyprun.card": card.id if card else "",
-        "hyprun.verdict": "running",
-        "hyprun.why": why,
-        "hyprun.claimed_ms": str(int(time.time() * 1000)),
-        "hyprun.controller": controller_id(),
-    })  # fmt: skip
+    run_id = store.child(
+        state.run_id,
+        f"{delta.describe()} · claiming",
+        {
+            "hyprun.role": "test",
+            "hyprun.investigation": state.name,
+            "hyprun.delta": json.dumps(list(delta.overrides)),
+            "hyprun.variable": delta.variable,
+            "hyprun.card": card.id if card else "",
+            "hyprun.verdict": "running",
+            "hyprun.why": why,
+            "hyprun.claimed_ms": str(int(time.time() * 1000)),
+            "hyprun.controller": controller_id(),
+        },
+    )
     store.params(run_id, changed_params(delta))
     number = store.number(state, run_id)
     store.tag(run_id, {"hyprun.number": str(number)})
     store.rename(run_id, f"H{number} {delta.describe()} · running")
     state = store.refresh(state)
-    ahead = [t for t in state.counted if 0 < t.number < number
-             and t.verdict in ("running", "rejected")]  # fmt: skip
+    ahead = [
+        t for t in state.counted if 0 < t.number < number and t.verdict in ("running", "rejected")
+    ]
     if len(ahead) >= STRIKES:
         store.tag(run_id, {"hyprun.verdict": "refused"})
         store.finish(run_id, "KILLED")
         code = EXIT_ESCALATED if state.escalated else BadInput.exit_code
-        raise Refused(code, f"{len(ahead)} tests ahead could still take the last strikes: "
-                            "wait for them ('hyprun status')")  # fmt: skip
+        raise Refused(
+            code,
+            f"{len(ahead)} tests ahead could still take the last strikes: "
+            "wait for them ('hyprun status')",
+        )
     return run_id, number
 
 
@@ -250,9 +265,12 @@ def open_test(store: Store, name: str | None, why: str) -> State:
     """The investigation a new test joins, once it may take one (Refused when escalated)."""
     state = store.find(name)
     if state.escalated:
-        raise Refused(EXIT_ESCALATED, f"investigation {state.name!r} is escalated after "
-                                      f"{state.strikes} rejected hypotheses: read its "
-                                      "escalation report")  # fmt: skip
+        raise Refused(
+            EXIT_ESCALATED,
+            f"investigation {state.name!r} is escalated after "
+            f"{state.strikes} rejected hypotheses: read its "
+            "escalation report",
+        )
     if state.baseline is None:
         raise BadInput(f"investigation {state.name!r} has no baseline: run 'hyprun baseline' first")
     if not why.strip():
@@ -264,8 +282,10 @@ def open_test(store: Store, name: str | None, why: str) -> State:
 def refuse_repeat(state: State, overrides: list[str]) -> None:
     earlier = state.tested(overrides)
     if earlier is not None:
-        raise BadInput(f"{' '.join(overrides)} was tested already as H{earlier.number}: "
-                       f"{earlier.verdict} (run {earlier.run_id})")  # fmt: skip
+        raise BadInput(
+            f"{' '.join(overrides)} was tested already as H{earlier.number}: "
+            f"{earlier.verdict} (run {earlier.run_id})"
+        )
 
 
 def refusals_as_outcomes(command: Callable[..., Outcome]) -> Callable[..., Outcome]:
@@ -308,8 +328,11 @@ def test(store: Store, name: str | None, argument: list[str], why: str) -> Outco
     done = finished_seeds(store, test_run)  # a resumed test does not rerun finished seeds
     for seed in done:
         watch.partial[seed] = store.history(done[seed].run_id, primary.metric)
-    jobs = [Job(cfg, watch.for_seed(seed, cfg.budget.tokens))
-            for seed, cfg in enumerate(configs) if seed not in done]  # fmt: skip
+    jobs = [
+        Job(cfg, watch.for_seed(seed, cfg.budget.tokens))
+        for seed, cfg in enumerate(configs)
+        if seed not in done
+    ]
     try:
         results = [*done.values(), *run_jobs(store, test_run, launcher, jobs)]
     except Exception as error:  # infrastructure, not evidence: no strike
@@ -356,15 +379,33 @@ def finished_seeds(store: Store, test_run: str) -> dict[int, JobResult]:
     return found
 
 
-def seed_configs(store: Store, state: State, delta: tuple[str, ...] | list[str], parent: str,
-                 label: str, variable: str) -> list[DictConfig]:  # fmt: skip
+def seed_configs(
+    store: Store,
+    state: State,
+    delta: tuple[str, ...] | list[str],
+    parent: str,
+    label: str,
+    variable: str,
+) -> list[DictConfig]:
     """The baseline's seeds with `delta` on top, recording below `parent` (tagged so the runs
     table filters seed runs by variable and delta too)."""
-    tags = {"hyprun.role": "test-seed", "hyprun.investigation": state.name,
-            "hyprun.variable": variable, "hyprun.delta": json.dumps(list(delta))}  # fmt: skip
-    return [job_config(store, [*state.baseline["overrides"], *delta], seed, parent,
-                       f"{label} · seed {seed}", tags)
-            for seed in range(state.baseline["seeds"])]  # fmt: skip
+    tags = {
+        "hyprun.role": "test-seed",
+        "hyprun.investigation": state.name,
+        "hyprun.variable": variable,
+        "hyprun.delta": json.dumps(list(delta)),
+    }
+    return [
+        job_config(
+            store,
+            [*state.baseline["overrides"], *delta],
+            seed,
+            parent,
+            f"{label} · seed {seed}",
+            tags,
+        )
+        for seed in range(state.baseline["seeds"])
+    ]
 
 
 def record_error(store: Store, test_run: str, label: str, error: BaseException) -> Outcome:
@@ -377,29 +418,45 @@ def record_error(store: Store, test_run: str, label: str, error: BaseException) 
 
 
 AGGREGATES = {  # verdict field -> metric on the test run, so the runs table sorts by them
-    "effect": "effect", "noise": "noise", "test_value": "seed_mean", "test_sigma": "seed_std",
-    "baseline_value": "baseline_mean", "baseline_sigma": "baseline_std",
+    "effect": "effect",
+    "noise": "noise",
+    "test_value": "seed_mean",
+    "test_sigma": "seed_std",
+    "baseline_value": "baseline_mean",
+    "baseline_sigma": "baseline_std",
     "tokens_saved": "tokens_saved",
-}  # fmt: skip
+}
 
 
 def aggregates(verdict: dict[str, Any]) -> dict[str, float]:
     """The verdict's numbers as metrics (logged at the matched token count)."""
-    return {name: verdict[key] for key, name in AGGREGATES.items()
-            if isinstance(verdict.get(key), int | float)}  # fmt: skip
+    return {
+        name: verdict[key]
+        for key, name in AGGREGATES.items()
+        if isinstance(verdict.get(key), int | float)
+    }
 
 
-def record_verdict(store: Store, state: State, test_run: str, label: str,
-                   verdict: dict[str, Any], extra: dict[str, str]) -> Outcome:  # fmt: skip
+def record_verdict(
+    store: Store,
+    state: State,
+    test_run: str,
+    label: str,
+    verdict: dict[str, Any],
+    extra: dict[str, str],
+) -> Outcome:
     """Write a test's verdict on its run, update the investigation, escalate on the last strike."""
-    store.tag(test_run, {
-        "hyprun.verdict": verdict["status"],
-        "hyprun.strike": str(verdict["status"] == "rejected").lower(),
-        "hyprun.reason": verdict["reason"],
-        "hyprun.effect": verdict["effect"],
-        "hyprun.early": str(bool(verdict.get("early"))).lower(),
-        **extra,
-    })  # fmt: skip
+    store.tag(
+        test_run,
+        {
+            "hyprun.verdict": verdict["status"],
+            "hyprun.strike": str(verdict["status"] == "rejected").lower(),
+            "hyprun.reason": verdict["reason"],
+            "hyprun.effect": verdict["effect"],
+            "hyprun.early": str(bool(verdict.get("early"))).lower(),
+            **extra,
+        },
+    )
     store.metrics(test_run, aggregates(verdict), step=verdict.get("tokens") or 0)
     store.text(test_run, json.dumps(verdict, indent=2, default=str), "verdict.json")
     store.rename(test_run, f"{label} · {verdict['status']}")
@@ -442,13 +499,27 @@ class EarlyRejection:
         spent = sum(r.tokens for r in results)
         saved = 1.0 - spent / (self.budget * seeds)
         reason = f"rejected early: {self.stop.reason}"
-        return {"status": "rejected", "early": True, "reason": reason, "effect": None,
-                "noise": None, "z": self.stop.z, "tokens": self.stop.tokens,
-                "tokens_spent": spent, "tokens_saved": saved}  # fmt: skip
+        return {
+            "status": "rejected",
+            "early": True,
+            "reason": reason,
+            "effect": None,
+            "noise": None,
+            "z": self.stop.z,
+            "tokens": self.stop.tokens,
+            "tokens_spent": spent,
+            "tokens_saved": saved,
+        }
 
 
-def decide(store: Store, state: State, results: list[JobResult], primary: MetricSpec,
-           guards: list[MetricSpec], looks: int = 1) -> dict[str, Any]:  # fmt: skip
+def decide(
+    store: Store,
+    state: State,
+    results: list[JobResult],
+    primary: MetricSpec,
+    guards: list[MetricSpec],
+    looks: int = 1,
+) -> dict[str, Any]:
     """The verdict at matched tokens, from the seed runs' histories in MLflow; `looks`: the
     test is the best of that many (a sweep)."""
     metrics = [primary, *guards]
@@ -461,9 +532,17 @@ def decide(store: Store, state: State, results: list[JobResult], primary: Metric
         for run in map(store.client.get_run, state.baseline["seed_runs"])
         if run.data.tags.get("hyprun.outcome") == "diverged"
     ]
-    verdict = compare(base[primary.metric], ours[primary.metric], primary, guards=guards,
-                      baseline_guards=base, test_guards=ours, diverged=diverged,
-                      baseline_diverged=blown, looks=looks)  # fmt: skip
+    verdict = compare(
+        base[primary.metric],
+        ours[primary.metric],
+        primary,
+        guards=guards,
+        baseline_guards=base,
+        test_guards=ours,
+        diverged=diverged,
+        baseline_diverged=blown,
+        looks=looks,
+    )
     return verdict.to_dict()
 
 
@@ -472,8 +551,10 @@ def escalate(store: Store, state: State) -> None:
 
     Tests finishing together may all see the last strike: the first to claim the escalation
     writes the report and sends the notice, once."""
-    console.print(f"[bold red]Escalated[/]: {state.strikes} strikes. Report: escalation.md on run "
-                  f"{state.run_id}")  # fmt: skip
+    console.print(
+        f"[bold red]Escalated[/]: {state.strikes} strikes. Report: escalation.md on run "
+        f"{state.run_id}"
+    )
     me = f"{controller_id()}:{uuid.uuid4().hex[:8]}"  # threads of one process differ too
     if not store.once(state.run_id, f"escalation.{len(state.resets) + 1}", me):
         return
@@ -507,9 +588,13 @@ def escalate(store: Store, state: State) -> None:
     store.tag(state.run_id, {"hyprun.escalated": "true"})
     tracking = compose(state.baseline["overrides"]).tracking
     if tracking.notify_url or tracking.notify_command:
-        notice = {"investigation": state.name, "run_id": state.run_id, "strikes": state.strikes,
-                  "tests": [f"H{t.number} {' '.join(t.delta)}: {t.verdict}" for t in state.tests],
-                  "report": "escalation.md"}  # fmt: skip
+        notice = {
+            "investigation": state.name,
+            "run_id": state.run_id,
+            "strikes": state.strikes,
+            "tests": [f"H{t.number} {' '.join(t.delta)}: {t.verdict}" for t in state.tests],
+            "report": "escalation.md",
+        }
         sent = notify(notice, tracking.notify_url, tracking.notify_command)
         store.tag(state.run_id, {"hyprun.notified": "; ".join(sent)})
 
@@ -522,24 +607,36 @@ def verify(store: Store, name: str | None, test_name: str | None, promote: bool 
     state = store.find_any(name)
     confirmed = [t for t in state.confirmed if test_name in (None, f"H{t.number}")]
     if not confirmed:
-        raise BadInput(f"no confirmed hypothesis {test_name or ''} in {state.name!r}: "
-                       "verify follows a confirmed test")  # fmt: skip
+        raise BadInput(
+            f"no confirmed hypothesis {test_name or ''} in {state.name!r}: "
+            "verify follows a confirmed test"
+        )
     test = confirmed[-1]
     before = diagnose(store.uri, state.baseline["seed_runs"][0], store.experiment)[1]
     runs = sorted(store.seed_runs(test.evidence_run), key=lambda r: int(r.data.tags["hyprun.seed"]))
     after = diagnose(store.uri, runs[0].info.run_id, store.experiment)[1]
     fired = {f["id"] for f in before["findings"]}
     still = [f["id"] for f in after["findings"]]
-    result = {"test": f"H{test.number}", "resolved": sorted(fired - set(still)), "still": still,
-              "new": sorted(set(still) - fired)}  # fmt: skip
+    result = {
+        "test": f"H{test.number}",
+        "resolved": sorted(fired - set(still)),
+        "still": still,
+        "new": sorted(set(still) - fired),
+    }
     store.tag(test.run_id, {"hyprun.verified": ",".join(result["resolved"]) or "none"})
-    console.print(f"verify H{test.number}: resolved {result['resolved'] or 'none'}; "
-                  f"still firing {still or 'none'}")  # fmt: skip
+    console.print(
+        f"verify H{test.number}: resolved {result['resolved'] or 'none'}; "
+        f"still firing {still or 'none'}"
+    )
     if promote:
         overrides = [*state.baseline["overrides"], *test.fix]
-        promoted = dict(state.baseline, overrides=overrides, config_hash=drift_key(overrides),
-                        seed_runs=[r.info.run_id for r in runs],
-                        promoted_from=f"H{test.number}")  # fmt: skip
+        promoted = dict(
+            state.baseline,
+            overrides=overrides,
+            config_hash=drift_key(overrides),
+            seed_runs=[r.info.run_id for r in runs],
+            promoted_from=f"H{test.number}",
+        )
         store.tag(state.run_id, {"hyprun.baseline": json.dumps(promoted)})
         result["promoted"] = True
     return result
@@ -560,8 +657,10 @@ def reset(store: Store, name: str | None, by: str, reason: str) -> State:
 
 def summary(state: State, diagnosis: dict[str, Any] | None = None) -> str:
     """The parent run's description: where the investigation stands."""
-    lines = [f"Investigation {state.name}: {state.strikes}/{STRIKES} strikes"
-             + (" — ESCALATED" if state.escalated else "")]  # fmt: skip
+    lines = [
+        f"Investigation {state.name}: {state.strikes}/{STRIKES} strikes"
+        + (" — ESCALATED" if state.escalated else "")
+    ]
     if diagnosis:
         top = [f["id"] for f in diagnosis["findings"][:3]]
         lines.append(f"Question {diagnosis['question']}; findings: {', '.join(top) or 'none'}")

@@ -109,9 +109,9 @@ def measure(baseline_overrides: list[str], hypothesis: list[str]) -> Delta:
     if len(variables) != 1:
         raise BadInput(
             f"the delta changes {len(variables)} variables ({', '.join(sorted(variables))}): "
-            "test one at a time, e.g. " + " then ".join(f"'hyprun test {v}'" for v in
-                                                        _split(hypothesis, variables))
-        )  # fmt: skip
+            "test one at a time, e.g. "
+            + " then ".join(f"'hyprun test {v}'" for v in _split(hypothesis, variables))
+        )
     derived = tuple(sorted(k for k in changes if k not in independent))
     return Delta(tuple(hypothesis), variables.pop(), changes, derived)
 

@@ -18,8 +18,12 @@ from runner import controller
 from runner.diagnose import diagnose
 from runner.investigation import Store
 
-COMMON = ["budget.tokens=65536", "budget.eval_every_tokens=16384", "probes.every_steps=4",
-          "checkpoint.resume=never"]  # fmt: skip
+COMMON = [
+    "budget.tokens=65536",
+    "budget.eval_every_tokens=16384",
+    "probes.every_steps=4",
+    "checkpoint.resume=never",
+]
 FAULT = ["optim.lr=1e-5"]
 DATA_PROBLEM = ["data.source.label_noise=0.6"]
 REPORT_TWEAKS = ["lr_down_10x", "batch_up", "micro_batch_up"]

@@ -122,8 +122,13 @@ def _first_node(nodelist: str | None) -> str:
         return "127.0.0.1"
     import subprocess
 
-    out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True,
-                         text=True, timeout=30, check=False)  # fmt: skip
+    out = subprocess.run(
+        ["scontrol", "show", "hostnames", nodelist],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
     return out.stdout.split()[0] if out.returncode == 0 and out.stdout.split() else "127.0.0.1"
 
 

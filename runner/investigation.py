@@ -134,8 +134,11 @@ class Store:
     def state(self, parent) -> State:
         tags = parent.data.tags
         children = self._children(parent.info.run_id)
-        numbers = {run: int(key[len(NUMBER) :]) for key, run in parent.data.params.items()
-                   if key.startswith(NUMBER)}  # fmt: skip
+        numbers = {
+            run: int(key[len(NUMBER) :])
+            for key, run in parent.data.params.items()
+            if key.startswith(NUMBER)
+        }
         tests = sorted(
             (_test(run, numbers) for run in children if run.data.tags.get(ROLE) == "test"),
             key=lambda t: (t.number or math.inf, t.started, t.run_id),

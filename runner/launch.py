@@ -34,9 +34,21 @@ SHELL_METACHARACTERS = set("$`;|&<>()\\\"'")
 # sacct states of a job that is over without having completed (Slurm 22.05 names).
 FAILED = {"BOOT_FAIL", "CANCELLED", "DEADLINE", "FAILED", "NODE_FAIL", "OUT_OF_MEMORY", "TIMEOUT"}
 # A requeued or preempted job comes back as PENDING with the same id.
-WAITING = {"PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING",
-           "SUSPENDED", "COMPLETING", "CONFIGURING", "PREEMPTED", "STAGE_OUT", "SIGNALING",
-           "UNKNOWN"}  # fmt: skip
+WAITING = {
+    "PENDING",
+    "RUNNING",
+    "REQUEUED",
+    "REQUEUE_HOLD",
+    "REQUEUE_FED",
+    "RESIZING",
+    "SUSPENDED",
+    "COMPLETING",
+    "CONFIGURING",
+    "PREEMPTED",
+    "STAGE_OUT",
+    "SIGNALING",
+    "UNKNOWN",
+}
 
 
 @dataclass
@@ -76,8 +88,10 @@ def launcher_for(overrides: Sequence[str], folder: Path, name: str) -> InProcess
     """The launcher the overrides choose (default: this process)."""
     if not any(o.startswith(GROUP) for o in overrides):
         if overrides:
-            raise BadInput(f"{overrides[0]} needs a launcher: add hydra/launcher=slurm_cpu or "
-                           "hydra/launcher=slurm_8xa100")  # fmt: skip
+            raise BadInput(
+                f"{overrides[0]} needs a launcher: add hydra/launcher=slurm_cpu or "
+                "hydra/launcher=slurm_8xa100"
+            )
         return InProcess()
     return Slurm(launcher_params(overrides), folder, name)
 
@@ -89,17 +103,23 @@ def launcher_params(overrides: Sequence[str]) -> dict[str, Any]:
     cfg = compose(list(overrides), return_hydra_config=True)
     node = cfg.hydra.launcher
     if not str(node.get("_target_", "")).endswith("SlurmLauncher"):
-        raise BadInput(f"{overrides[0]}: the controller launches on Slurm only; choose "
-                       "hydra/launcher=slurm_cpu or slurm_8xa100")  # fmt: skip
+        raise BadInput(
+            f"{overrides[0]}: the controller launches on Slurm only; choose "
+            "hydra/launcher=slurm_cpu or slurm_8xa100"
+        )
     params = OmegaConf.to_container(node, resolve=True)
     params.pop("_target_")
     for key, value in _strings(params):
         if any(c in value for c in "\n\r\0"):
-            raise BadInput(f"hydra.launcher.{key} contains a line break: each value becomes one "
-                           "#SBATCH line; remove it")  # fmt: skip
+            raise BadInput(
+                f"hydra.launcher.{key} contains a line break: each value becomes one "
+                "#SBATCH line; remove it"
+            )
         if not key.startswith("setup.") and (bad := sorted(set(value) & SHELL_METACHARACTERS)):
-            raise BadInput(f"hydra.launcher.{key}={value!r} contains {''.join(bad)!r}: Slurm "
-                           "names and values need none of them; remove them")  # fmt: skip
+            raise BadInput(
+                f"hydra.launcher.{key}={value!r} contains {''.join(bad)!r}: Slurm "
+                "names and values need none of them; remove them"
+            )
     return params
 
 
@@ -120,8 +140,11 @@ class InProcess:
 
     name = "local"
 
-    def run(self, jobs: Sequence[Job], submitted: Callable[[list[str]], None] | None = None,
-            ) -> list[Outcome]:  # fmt: skip
+    def run(
+        self,
+        jobs: Sequence[Job],
+        submitted: Callable[[list[str]], None] | None = None,
+    ) -> list[Outcome]:
         from runner.train import run
 
         outcomes: list[Outcome] = []
@@ -211,14 +234,19 @@ class Slurm:
         )
         return executor
 
-    def run(self, jobs: Sequence[Job], submitted: Callable[[list[str]], None] | None = None,
-            ) -> list[Outcome]:  # fmt: skip
+    def run(
+        self,
+        jobs: Sequence[Job],
+        submitted: Callable[[list[str]], None] | None = None,
+    ) -> list[Outcome]:
         from mlflow.tracking import MlflowClient
 
         executor = self.executor()
         with executor.batch():  # one job array
-            handles = [executor.submit(TrainJob(OmegaConf.to_container(j.config, resolve=True)))
-                       for j in jobs]  # fmt: skip
+            handles = [
+                executor.submit(TrainJob(OmegaConf.to_container(j.config, resolve=True)))
+                for j in jobs
+            ]
         running = [_Running(job, handle) for job, handle in zip(jobs, handles, strict=True)]
         if submitted:
             submitted([r.slurm_id for r in running])
@@ -237,8 +265,9 @@ class Slurm:
         if r.run_id is None:
             r.run_id = _find_run(client, r.job)
         if r.run_id is not None and r.job.on_eval is not None and not r.cancelled:
-            history = sorted((m.step, m.value)
-                             for m in client.get_metric_history(r.run_id, "eval/loss"))  # fmt: skip
+            history = sorted(
+                (m.step, m.value) for m in client.get_metric_history(r.run_id, "eval/loss")
+            )
             for tokens, value in history[r.seen :]:
                 if r.job.on_eval(tokens, value):
                     self._cancel([o for o in running if o.job.group == r.job.group])

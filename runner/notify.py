@@ -29,8 +29,9 @@ def notify(summary: dict[str, Any], url: str | None, command: str | None) -> lis
             outcomes.append(f"url: failed ({error})")
     if command:
         try:
-            subprocess.run(shlex.split(command), input=body, timeout=TIMEOUT_S, check=True,
-                           capture_output=True)  # fmt: skip
+            subprocess.run(
+                shlex.split(command), input=body, timeout=TIMEOUT_S, check=True, capture_output=True
+            )
             outcomes.append("command: ok")
         except Exception as error:
             outcomes.append(f"command: failed ({error})")

@@ -43,8 +43,16 @@ QUESTIONS = {
     "Q2": "what are these early anomaly signals?",
     "Q3": "why isn't it fast?",
 }
-HYPOTHESIS_HEAD = ["test", "delta", "verdict", "effect ± noise (+ = better)", "claimed", "measured",
-                   "tokens spent", "tokens saved"]  # fmt: skip
+HYPOTHESIS_HEAD = [
+    "test",
+    "delta",
+    "verdict",
+    "effect ± noise (+ = better)",
+    "claimed",
+    "measured",
+    "tokens spent",
+    "tokens saved",
+]
 STATUS_ORDER = {"fail": 0, "warn": 1, "pass": 2, "skip": 3}
 NOISE = ("eval/loss", "train/loss", "perf/tokens_per_s")
 """Headline metrics whose seed mean and std record_baseline logs on the parent run."""
@@ -134,8 +142,10 @@ def gather(store: Store, state: State) -> Report:
         _features_table(diagnosis.get("features", {})),
         hypotheses,
     ]
-    reasons = [(f"H{t.number}", t.tags.get("hyprun.why", ""), r.reason)
-               for t, r in zip(state.tests, rows, strict=True)]  # fmt: skip
+    reasons = [
+        (f"H{t.number}", t.tags.get("hyprun.why", ""), r.reason)
+        for t, r in zip(state.tests, rows, strict=True)
+    ]
     facts = _facts(state, parent, diagnosis, rows)
     return Report(state.name, state.run_id, facts, tables, reasons, [r.primary for r in rows])
 
@@ -178,27 +188,53 @@ def _facts(state: State, parent, diagnosis: dict, rows: list[TestRow]) -> list[t
 
 def _static_table(checks: list[dict]) -> Table:
     ordered = sorted(checks, key=lambda c: STATUS_ORDER.get(c.get("status"), 9))
-    return Table("L0 static checks", ["check", "status", "value", "threshold", "why"],
-                 [[c["id"], c["status"], _num(c.get("value")), str(c.get("threshold", "")),
-                   str(c.get("why", ""))] for c in ordered],
-                 empty="no static check recorded",
-                 intro="Config and a data sample, before training: failures first.")  # fmt: skip
+    return Table(
+        "L0 static checks",
+        ["check", "status", "value", "threshold", "why"],
+        [
+            [
+                c["id"],
+                c["status"],
+                _num(c.get("value")),
+                str(c.get("threshold", "")),
+                str(c.get("why", "")),
+            ]
+            for c in ordered
+        ],
+        empty="no static check recorded",
+        intro="Config and a data sample, before training: failures first.",
+    )
 
 
 def _obvious_table(items: list[dict]) -> Table:
-    return Table("L1: the obvious first", ["check", "status", "details"],
-                 [[i["check"], i["status"], "; ".join(i.get("details", []))] for i in items],
-                 empty="not triaged", intro="From the baseline's seed 0.")  # fmt: skip
+    return Table(
+        "L1: the obvious first",
+        ["check", "status", "details"],
+        [[i["check"], i["status"], "; ".join(i.get("details", []))] for i in items],
+        empty="not triaged",
+        intro="From the baseline's seed 0.",
+    )
 
 
 def _findings_table(findings: list[dict]) -> Table:
-    rows = [[str(rank), f"{f['id']} ({f.get('group', '')}, {f.get('question', '')})",
-             f.get("evidence", ""), _numbers(f.get("numbers", {})), f.get("cause", ""),
-             f.get("first_action", ""), ", ".join(f.get("cards", []))]
-            for rank, f in enumerate(findings, 1)]  # fmt: skip
-    return Table("L1 findings, most likely first",
-                 ["#", "finding", "evidence", "numbers", "likely cause", "first action", "cards"],
-                 rows, empty="no pattern fired: no finding to test")  # fmt: skip
+    rows = [
+        [
+            str(rank),
+            f"{f['id']} ({f.get('group', '')}, {f.get('question', '')})",
+            f.get("evidence", ""),
+            _numbers(f.get("numbers", {})),
+            f.get("cause", ""),
+            f.get("first_action", ""),
+            ", ".join(f.get("cards", [])),
+        ]
+        for rank, f in enumerate(findings, 1)
+    ]
+    return Table(
+        "L1 findings, most likely first",
+        ["#", "finding", "evidence", "numbers", "likely cause", "first action", "cards"],
+        rows,
+        empty="no pattern fired: no finding to test",
+    )
 
 
 def _features_table(features: dict[str, dict]) -> Table:
@@ -208,8 +244,12 @@ def _features_table(features: dict[str, dict]) -> Table:
         for name, f in features.items()
         if f.get("value") is not None and not name.startswith("static.")
     ]
-    return Table("L1 evidence: measured features", ["feature", "value", "measured"], rows,
-                 empty="no feature measured")  # fmt: skip
+    return Table(
+        "L1 evidence: measured features",
+        ["feature", "value", "measured"],
+        rows,
+        empty="no feature measured",
+    )
 
 
 def _test_row(store: Store, test: Test, budget: int | None, baseline: dict | None) -> TestRow:
@@ -231,9 +271,16 @@ def _test_row(store: Store, test: Test, budget: int | None, baseline: dict | Non
     decided = test.verdict in ("confirmed", "rejected", "inconclusive")
     saved = max(0, planned - spent) if decided else 0
     delta = " ".join(test.delta) + (f" → {' '.join(test.fix)}" if test.fix != test.delta else "")
-    row = [f"H{test.number}", delta, test.verdict, shown, test.tags.get("hyprun.claimed") or "—",
-           _measured(verdict), f"{spent:,}",
-           f"{saved:,} ({saved / planned:.0%})" if planned else "0"]  # fmt: skip
+    row = [
+        f"H{test.number}",
+        delta,
+        test.verdict,
+        shown,
+        test.tags.get("hyprun.claimed") or "—",
+        _measured(verdict),
+        f"{spent:,}",
+        f"{saved:,} ({saved / planned:.0%})" if planned else "0",
+    ]
     primary = verdict.get("metric") or "eval/loss"
     return TestRow(row, test.tags.get("hyprun.reason", ""), spent, saved, primary)
 
@@ -244,8 +291,10 @@ def _measured(verdict: dict[str, Any]) -> str:
         return f"stopped at {verdict.get('tokens', 0):,} tokens (z {_num(verdict.get('z'))})"
     if verdict.get("baseline_value") is None or verdict.get("test_value") is None:
         return "—"
-    return (f"{verdict.get('metric', '')} {_num(verdict['baseline_value'])} → "
-            f"{_num(verdict['test_value'])} at {verdict.get('tokens', 0):,} tokens")  # fmt: skip
+    return (
+        f"{verdict.get('metric', '')} {_num(verdict['baseline_value'])} → "
+        f"{_num(verdict['test_value'])} at {verdict.get('tokens', 0):,} tokens"
+    )
 
 
 def _budget(store: Store, state: State) -> int | None:
@@ -308,8 +357,12 @@ def _band(store: Store, run_ids: list[str], metric: str):
         return None
     marks = sorted(set.intersection(*(set(c) for c in curves)))
     values = [[c[m] for c in curves] for m in marks]
-    return (marks, [statistics.fmean(v) for v in values], [min(v) for v in values],
-            [max(v) for v in values])  # fmt: skip
+    return (
+        marks,
+        [statistics.fmean(v) for v in values],
+        [min(v) for v in values],
+        [max(v) for v in values],
+    )
 
 
 def plot(store: Store, state: State, metric: str, path: Path) -> Path | None:
@@ -362,8 +415,10 @@ def render_markdown(report: Report) -> str:
             lines.append("| " + " | ".join(cells) + " |")
     if report.reasons:
         lines += ["", "### Why each test ran, and its verdict", ""]
-        lines += [f"- **{test}**: {_md_cell(why) or '—'} → {_md_cell(reason) or '—'}"
-                  for test, why, reason in report.reasons]  # fmt: skip
+        lines += [
+            f"- **{test}**: {_md_cell(why) or '—'} → {_md_cell(reason) or '—'}"
+            for test, why, reason in report.reasons
+        ]
     lines += ["", "## Plots", ""] + [f"![{p.stem}]({p.name})" for p in report.images]
     return "\n".join(lines) + "\n"
 
@@ -400,25 +455,37 @@ def render_html(report: Report) -> str:
     parts += [f"<dt>{e(label)}</dt><dd>{e(value)}</dd>" for label, value in report.facts]
     parts.append("</dl>")
     for table in report.tables:
-        parts.append(f"<h2>{e(table.title)}</h2>" + (f"<p>{e(table.intro)}</p>" if table.intro
-                                                      else ""))  # fmt: skip
+        parts.append(
+            f"<h2>{e(table.title)}</h2>" + (f"<p>{e(table.intro)}</p>" if table.intro else "")
+        )
         if not table.rows:
             parts.append(f"<p><i>{e(table.empty)}</i></p>")
             continue
         head = "".join(f"<th>{e(h)}</th>" for h in table.head)
-        body = "".join("<tr>" + "".join(cell(table, i, c) for i, c in enumerate(row)) + "</tr>"
-                       for row in table.rows)  # fmt: skip
+        body = "".join(
+            "<tr>" + "".join(cell(table, i, c) for i, c in enumerate(row)) + "</tr>"
+            for row in table.rows
+        )
         parts.append(f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>")
     if report.reasons:
         parts.append("<h3>Why each test ran, and its verdict</h3><ul>")
-        parts += [f"<li><b>{e(test)}</b>: {e(why) or '—'} → {e(reason) or '—'}</li>"
-                  for test, why, reason in report.reasons]  # fmt: skip
+        parts += [
+            f"<li><b>{e(test)}</b>: {e(why) or '—'} → {e(reason) or '—'}</li>"
+            for test, why, reason in report.reasons
+        ]
         parts.append("</ul>")
     parts.append("<h2>Plots</h2>")
-    parts += [f'<figure><img src="{e(p.name)}" alt="{e(p.stem)}" '
-              f'data-artifact="{e(f"{ARTIFACT_DIR}/{p.name}")}"></figure>'
-              for p in report.images]  # fmt: skip
-    return (f'<!doctype html><html lang="en"><head><meta charset="utf-8">'
-            f"<title>hyprun · {e(report.name)}</title><style>{STYLE}</style></head>"
-            f'<body data-run="{e(report.run_id)}">\n' + "\n".join(parts) + "\n"
-            + MLFLOW_IMAGES + "\n</body></html>\n")  # fmt: skip
+    parts += [
+        f'<figure><img src="{e(p.name)}" alt="{e(p.stem)}" '
+        f'data-artifact="{e(f"{ARTIFACT_DIR}/{p.name}")}"></figure>'
+        for p in report.images
+    ]
+    return (
+        f'<!doctype html><html lang="en"><head><meta charset="utf-8">'
+        f"<title>hyprun · {e(report.name)}</title><style>{STYLE}</style></head>"
+        f'<body data-run="{e(report.run_id)}">\n'
+        + "\n".join(parts)
+        + "\n"
+        + MLFLOW_IMAGES
+        + "\n</body></html>\n"
+    )

@@ -64,15 +64,21 @@ def parse(argument: list[str]) -> Override:
     try:
         overrides = OverridesParser.create().parse_overrides(argument)
     except HydraException as error:
-        raise BadInput(f"cannot parse the sweep ({' '.join(str(error).split())}): write e.g. "
-                       "'optim.lr=tag(log, interval(1e-5, 1e-3))'") from None  # fmt: skip
+        raise BadInput(
+            f"cannot parse the sweep ({' '.join(str(error).split())}): write e.g. "
+            "'optim.lr=tag(log, interval(1e-5, 1e-3))'"
+        ) from None
     if len(overrides) != 1:
         keys = ", ".join(o.key_or_group for o in overrides)
-        raise BadInput(f"the sweep changes {len(overrides)} variables ({keys}): a sweep searches "
-                       "one variable; sweep them one at a time")  # fmt: skip
+        raise BadInput(
+            f"the sweep changes {len(overrides)} variables ({keys}): a sweep searches "
+            "one variable; sweep them one at a time"
+        )
     if not overrides[0].is_sweep_override():
-        raise BadInput(f"{argument[0]} is one value, not a sweep: use 'hyprun test {argument[0]}', "
-                       "or write interval(a, b), choice(a, b, ...) or range(a, b)")  # fmt: skip
+        raise BadInput(
+            f"{argument[0]} is one value, not a sweep: use 'hyprun test {argument[0]}', "
+            "or write interval(a, b), choice(a, b, ...) or range(a, b)"
+        )
     return overrides[0]
 
 
@@ -119,13 +125,14 @@ class BaselinePruner(BasePruner):
     (diag.verdict.early_reject, the rule that stops a plain test early). The trial's curves,
     seed -> [(tokens, loss)], are its `curves` user attribute."""
 
-    def __init__(self, baseline: dict[int, list[tuple[int, float]]], spec: MetricSpec,
-                 budget: int):  # fmt: skip
+    def __init__(self, baseline: dict[int, list[tuple[int, float]]], spec: MetricSpec, budget: int):
         self.baseline, self.spec, self.budget = baseline, spec, budget
 
     def prune(self, study: optuna.Study, trial: optuna.trial.FrozenTrial) -> bool:
-        curves = {int(seed): [tuple(p) for p in points]
-                  for seed, points in trial.user_attrs.get("curves", {}).items()}  # fmt: skip
+        curves = {
+            int(seed): [tuple(p) for p in points]
+            for seed, points in trial.user_attrs.get("curves", {}).items()
+        }
         return early_reject(self.baseline, curves, self.spec, self.budget) is not None
 
 
@@ -148,8 +155,14 @@ class TrialWatch:
 
 
 @refusals_as_outcomes
-def sweep(store: Store, name: str | None, argument: list[str], trials: int, why: str,
-          parallel: int | None = None) -> Outcome:  # fmt: skip
+def sweep(
+    store: Store,
+    name: str | None,
+    argument: list[str],
+    trials: int,
+    why: str,
+    parallel: int | None = None,
+) -> Outcome:
     """Search one variable with Optuna; one verdict, one strike at most."""
     state = open_test(store, name, why)
     argument, launcher_overrides = split(argument)
@@ -183,8 +196,9 @@ def _journal(state: State) -> Path:
     return SWEEPS / f"{safe_name(state.name)}.journal"
 
 
-def _study(store: Store, state: State, number: int, key: str, dist: BaseDistribution,
-           trials: int) -> optuna.Study:  # fmt: skip
+def _study(
+    store: Store, state: State, number: int, key: str, dist: BaseDistribution, trials: int
+) -> optuna.Study:
     from optuna.storages import JournalStorage
     from optuna.storages.journal import JournalFileBackend
 
@@ -206,25 +220,47 @@ def _study(store: Store, state: State, number: int, key: str, dist: BaseDistribu
     return study
 
 
-def _run_trials(store: Store, state: State, test_run: str, number: int, key: str,
-                asked: list[optuna.Trial], study: optuna.Study, launcher) -> None:  # fmt: skip
+def _run_trials(
+    store: Store,
+    state: State,
+    test_run: str,
+    number: int,
+    key: str,
+    asked: list[optuna.Trial],
+    study: optuna.Study,
+    launcher,
+) -> None:
     """One batch of trials: their seeds as one launch; each trial told its value or fate."""
     jobs, runs = [], {}
     for trial in asked:
         value = trial.params[key]
         trial_label = f"H{number}.{trial.number} {as_override(key, value)}"
-        runs[trial.number] = store.child(test_run, trial_label, {
-            "hyprun.role": "sweep-trial", "hyprun.investigation": state.name,
-            "hyprun.variable": key,
-            "hyprun.trial": str(trial.number), "hyprun.value": str(value),
-        })  # fmt: skip
+        runs[trial.number] = store.child(
+            test_run,
+            trial_label,
+            {
+                "hyprun.role": "sweep-trial",
+                "hyprun.investigation": state.name,
+                "hyprun.variable": key,
+                "hyprun.trial": str(trial.number),
+                "hyprun.value": str(value),
+            },
+        )
         store.params(runs[trial.number], {"variable": key, key: str(value)})
         trial.set_user_attr("run_id", runs[trial.number])
         watch = TrialWatch(trial)
-        configs = seed_configs(store, state, [as_override(key, value)], runs[trial.number],
-                               f"H{number}.{trial.number}", key)  # fmt: skip
-        jobs += [Job(cfg, watch.for_seed(seed), group=str(trial.number))
-                 for seed, cfg in enumerate(configs)]  # fmt: skip
+        configs = seed_configs(
+            store,
+            state,
+            [as_override(key, value)],
+            runs[trial.number],
+            f"H{number}.{trial.number}",
+            key,
+        )
+        jobs += [
+            Job(cfg, watch.for_seed(seed), group=str(trial.number))
+            for seed, cfg in enumerate(configs)
+        ]
     outcomes = launcher.run(jobs, lambda ids: store.tag(test_run, {"slurm.jobs": ",".join(ids)}))
     for trial in asked:
         mine = [o for j, o in zip(jobs, outcomes, strict=True) if j.group == str(trial.number)]
@@ -243,19 +279,29 @@ def _run_trials(store: Store, state: State, test_run: str, number: int, key: str
         else:
             verdict = decide(store, state, mine, DEFAULT_PRIMARY, [])
             study.tell(trial, verdict["test_value"])
-            store.tag(run_id, {"hyprun.verdict": verdict["status"],
-                               "hyprun.reason": verdict["reason"]})  # fmt: skip
+            store.tag(
+                run_id, {"hyprun.verdict": verdict["status"], "hyprun.reason": verdict["reason"]}
+            )
             store.metrics(run_id, aggregates(verdict), step=verdict["tokens"])
             store.finish(run_id)
 
 
 def _table(study: optuna.Study) -> list[dict[str, Any]]:
-    return [{"trial": t.number, "params": t.params, "state": t.state.name, "value": t.value,
-             "run_id": t.user_attrs.get("run_id")} for t in study.trials]  # fmt: skip
+    return [
+        {
+            "trial": t.number,
+            "params": t.params,
+            "state": t.state.name,
+            "value": t.value,
+            "run_id": t.user_attrs.get("run_id"),
+        }
+        for t in study.trials
+    ]
 
 
-def _verdict(store: Store, state: State, study: optuna.Study, key: str,
-             table: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, str]]:  # fmt: skip
+def _verdict(
+    store: Store, state: State, study: optuna.Study, key: str, table: list[dict[str, Any]]
+) -> tuple[dict[str, Any], dict[str, str]]:
     """The best trial's verdict, corrected for every trial looked at (failed ones were not)."""
     looks = sum(t.state != TrialState.FAIL for t in study.trials)
     complete = [t for t in study.trials if t.state == TrialState.COMPLETE]
@@ -264,8 +310,14 @@ def _verdict(store: Store, state: State, study: optuna.Study, key: str,
         if looks == 0:
             raise JobsFailed("every trial failed")
         reason = f"all {pruned} trials fell clearly behind the baseline band and were pruned"
-        return {"status": "rejected", "reason": reason, "effect": None, "looks": looks,
-                "pruned": pruned, "trials": table}, {}  # fmt: skip
+        return {
+            "status": "rejected",
+            "reason": reason,
+            "effect": None,
+            "looks": looks,
+            "pruned": pruned,
+            "trials": table,
+        }, {}
     best = min(complete, key=lambda t: t.value)
     best_run = best.user_attrs["run_id"]
     results = [result_of(store.client, r.info.run_id) for r in store.seed_runs(best_run)]

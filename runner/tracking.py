@@ -40,8 +40,11 @@ def redact(text: str) -> str:
     """Drop `user:password@` from any URI in `text`, and the value of every environment
     variable named like a secret (MLFLOW_TRACKING_TOKEN, *_PASSWORD, *_SECRET, *_KEY)."""
     text = CREDENTIALS.sub("***@", text)
-    secrets = sorted((v for k, v in os.environ.items() if SECRET_NAMES.search(k) and len(v) >= 8),
-                     key=len, reverse=True)  # fmt: skip
+    secrets = sorted(
+        (v for k, v in os.environ.items() if SECRET_NAMES.search(k) and len(v) >= 8),
+        key=len,
+        reverse=True,
+    )
     for secret in secrets:
         text = text.replace(secret, "***")
     return text
@@ -60,8 +63,15 @@ def flatten(tree: Any, prefix: str = "") -> dict[str, str]:
 class Tracker:
     """One MLflow run of one job, new or resumed, written through a metric buffer."""
 
-    def __init__(self, client: MlflowClient, run_id: str, flush_every_s: float, resumed: bool,
-                 spool: Path | None = None, outage_grace_s: float = 600.0):  # fmt: skip
+    def __init__(
+        self,
+        client: MlflowClient,
+        run_id: str,
+        flush_every_s: float,
+        resumed: bool,
+        spool: Path | None = None,
+        outage_grace_s: float = 600.0,
+    ):
         self.client = client
         self.run_id = run_id
         self.flush_every_s = flush_every_s
@@ -156,9 +166,12 @@ class Tracker:
 
         logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)  # start/stop chatter
 
-        self._system = SystemMetricsMonitor(self.run_id, sampling_interval=every_s,
-                                            resume_logging=self.resumed,
-                                            tracking_uri=self.client.tracking_uri)  # fmt: skip
+        self._system = SystemMetricsMonitor(
+            self.run_id,
+            sampling_interval=every_s,
+            resume_logging=self.resumed,
+            tracking_uri=self.client.tracking_uri,
+        )
         self._system.start()
 
     def finish(self, status: str) -> None:
@@ -246,7 +259,10 @@ def _unreachable(error: MlflowException) -> bool:
     """A server that did not answer (connection refused, timeout, 5xx), not a refused request."""
     text = str(error)
     return "API request to" in text or getattr(error, "error_code", "") in (
-        "TEMPORARILY_UNAVAILABLE", "INTERNAL_ERROR", "ENDPOINT_NOT_FOUND")  # fmt: skip
+        "TEMPORARILY_UNAVAILABLE",
+        "INTERNAL_ERROR",
+        "ENDPOINT_NOT_FOUND",
+    )
 
 
 def experiment_id(client: MlflowClient, name: str) -> str:
@@ -306,8 +322,10 @@ def record_diagnosis(uri: str, run_id: str, document: dict[str, Any]) -> None:
     client = MlflowClient(tracking_uri=uri)
     client.log_text(run_id, redact(json.dumps(document, indent=2, default=str)), "diagnosis.json")
     findings = document.get("findings", [])
-    tags = [RunTag("hyprun.question", str(document.get("question", ""))),
-            RunTag("hyprun.top_finding", findings[0]["id"] if findings else "none")]  # fmt: skip
+    tags = [
+        RunTag("hyprun.question", str(document.get("question", ""))),
+        RunTag("hyprun.top_finding", findings[0]["id"] if findings else "none"),
+    ]
     client.log_batch(run_id, tags=tags)
 
 

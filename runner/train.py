@@ -143,8 +143,11 @@ def run(cfg: DictConfig, on_eval: Callable[[int, float], bool] | None = None) ->
     if status == "interrupted":
         loop.checkpoint(ckpt, step)
     if tracker is not None:
-        tags = {"hyprun.outcome": status, "hyprun.tokens": step * plan.tokens_per_step,
-                "hyprun.steps": step}  # fmt: skip
+        tags = {
+            "hyprun.outcome": status,
+            "hyprun.tokens": step * plan.tokens_per_step,
+            "hyprun.steps": step,
+        }
         if loop.nan_module:
             tags["hyprun.nan_module"] = loop.nan_module
         tracker.set_tags(tags)
@@ -154,8 +157,9 @@ def run(cfg: DictConfig, on_eval: Callable[[int, float], bool] | None = None) ->
         distributed.barrier()
         ckpt.finish()
     stopped_by = signal.Signals(signals.received).name if signals.received else None
-    result = JobResult(run_id, status, step, step * plan.tokens_per_step, train_loss, eval_loss,
-                       stopped_by)  # fmt: skip
+    result = JobResult(
+        run_id, status, step, step * plan.tokens_per_step, train_loss, eval_loss, stopped_by
+    )
     if dist.is_main:
         console.print(_summary(result))
     return result
@@ -165,8 +169,17 @@ class TrainLoop:
     """The hot loop. Metrics leave it as detached tensors; `.item()` runs only at log steps
     (and per micro-step for the NaN check, which a probe config can turn off)."""
 
-    def __init__(self, engine, plan: Plan, dist, tracker: Tracker | None, heldout,
-                 instruments: Instruments, cfg: DictConfig, on_eval=None):  # fmt: skip
+    def __init__(
+        self,
+        engine,
+        plan: Plan,
+        dist,
+        tracker: Tracker | None,
+        heldout,
+        instruments: Instruments,
+        cfg: DictConfig,
+        on_eval=None,
+    ):
         self.engine, self.plan, self.dist, self.tracker = engine, plan, dist, tracker
         self.on_eval = on_eval
         self.tick: Callable[[], None] = lambda: None  # a progress bar's advance, on a terminal
@@ -210,15 +223,18 @@ class TrainLoop:
                 now = time.perf_counter()
                 elapsed = now - window_start
                 tokens_per_s = plan.tokens_per_step * window_steps / elapsed
-                self._log(done, {
-                    "train/loss": last_loss,
-                    "train/lr": engine.get_lr()[0],
-                    "perf/step_time_s": elapsed / window_steps,
-                    "perf/tokens_per_s": tokens_per_s,
-                    "perf/data_wait_frac": data_wait / elapsed,
-                    **tools.loss(last_loss),
-                    **tools.efficiency(tokens_per_s),
-                })  # fmt: skip
+                self._log(
+                    done,
+                    {
+                        "train/loss": last_loss,
+                        "train/lr": engine.get_lr()[0],
+                        "perf/step_time_s": elapsed / window_steps,
+                        "perf/tokens_per_s": tokens_per_s,
+                        "perf/data_wait_frac": data_wait / elapsed,
+                        **tools.loss(last_loss),
+                        **tools.efficiency(tokens_per_s),
+                    },
+                )
                 if not math.isfinite(last_loss):
                     return "diverged", done, last_loss
                 loss_sum.zero_()

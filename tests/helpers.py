@@ -58,11 +58,27 @@ def start_mlflow_server(folder: Path, port: int) -> subprocess.Popen:
     env = python_env(MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
     log = open(folder / "server.log", "a")  # noqa: SIM115 (open for the server's lifetime)
     server = subprocess.Popen(
-        [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
-         "--workers", "1", "--backend-store-uri", f"sqlite:///{folder}/server.db",
-         "--artifacts-destination", str(folder / "artifacts")],
-        stdout=log, stderr=subprocess.STDOUT, env=env, cwd=folder,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "mlflow",
+            "server",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            "1",
+            "--backend-store-uri",
+            f"sqlite:///{folder}/server.db",
+            "--artifacts-destination",
+            str(folder / "artifacts"),
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+        cwd=folder,
+    )
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         try:

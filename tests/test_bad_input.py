@@ -46,8 +46,12 @@ def test_python_m_runner_train_refuses(tmp_path: Path, case: str):
     overrides, expected = CASES[case]
     done = subprocess.run(
         [sys.executable, "-m", "runner.train", *overrides],
-        cwd=tmp_path, env=python_env(), capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        cwd=tmp_path,
+        env=python_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 2, done.stderr
     lines = [line for line in done.stderr.splitlines() if line.startswith("hyprun:")]
     assert len(lines) == 1 and expected in lines[0], done.stderr
@@ -59,23 +63,52 @@ def test_installed_wheel_finds_conf(tmp_path: Path):
     """conf/ ships in the wheel: an installed hyprun composes configs away from any checkout."""
     wheel_dir, target = tmp_path / "wheel", tmp_path / "site"
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-         "-w", str(wheel_dir), str(ROOT)],
-        check=True, capture_output=True, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(wheel_dir),
+            str(ROOT),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     (wheel,) = wheel_dir.glob("hyprun-*.whl")
     subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target),
-         str(wheel)],
-        check=True, capture_output=True, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--no-deps",
+            "-q",
+            "--target",
+            str(target),
+            str(wheel),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     probe = (
         "import runner, conf; from runner.compose import compose; "
         "print(runner.__file__); print(compose(['model=gpt_1b']).model.n_layer)"
     )
     env = python_env(PYTHONPATH=str(target))
-    done = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", probe],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     location, layers = done.stdout.split()
     assert location.startswith(str(target)) and layers == "18"
@@ -86,8 +119,10 @@ def test_installed_wheel_finds_conf(tmp_path: Path):
 WHY = ["--why", "I think the LR is off because the loss is flat"]
 INV = ["--investigation", "inv"]
 COMMAND_CASES = {
-    "two variables": (["test", "optim.lr=3e-3", "optim.weight_decay=0.2", *WHY, *INV],
-                      "changes 2 variables"),
+    "two variables": (
+        ["test", "optim.lr=3e-3", "optim.weight_decay=0.2", *WHY, *INV],
+        "changes 2 variables",
+    ),
     "zero variables": (["test", "optim.lr=0.001", *WHY, *INV], "changes nothing"),
     "controlled budget": (["test", "budget.tokens=8192", *WHY, *INV], "controlled variable"),
     "controlled seed": (["test", "budget.seed=7", *WHY, *INV], "controlled variable"),
@@ -95,46 +130,101 @@ COMMAND_CASES = {
     "empty why": (["test", "optim.lr=3e-3", "--why", " ", *INV], "--why is empty"),
     "unknown key in a test": (["test", "optim.lrr=3e-3", *WHY, *INV], "unknown config key"),
     "unparsable test": (["test", "optim.lr=[1,", *WHY, *INV], "cannot parse an override"),
-    "no such investigation": (["test", "optim.lr=3e-3", *WHY, "--investigation", "nope"],
-                              "no investigation 'nope'"),
-    "test on other hardware": (["test", "optim.lr=3e-3", "hydra/launcher=slurm_cpu", *WHY, *INV],
-                               "other hardware"),
-    "launcher key, no launcher": (["test", "optim.lr=3e-3", "hydra.launcher.qos=x", *WHY, *INV],
-                                  "needs a launcher"),
-    "sweep of two variables": (["sweep", "optim.lr=interval(1e-4,1e-2)",
-                                "optim.weight_decay=interval(0,0.1)", *WHY, *INV], "2 variables"),
+    "no such investigation": (
+        ["test", "optim.lr=3e-3", *WHY, "--investigation", "nope"],
+        "no investigation 'nope'",
+    ),
+    "test on other hardware": (
+        ["test", "optim.lr=3e-3", "hydra/launcher=slurm_cpu", *WHY, *INV],
+        "other hardware",
+    ),
+    "launcher key, no launcher": (
+        ["test", "optim.lr=3e-3", "hydra.launcher.qos=x", *WHY, *INV],
+        "needs a launcher",
+    ),
+    "sweep of two variables": (
+        ["sweep", "optim.lr=interval(1e-4,1e-2)", "optim.weight_decay=interval(0,0.1)", *WHY, *INV],
+        "2 variables",
+    ),
     "sweep of one value": (["sweep", "optim.lr=3e-3", *WHY, *INV], "not a sweep"),
     "unparsable sweep": (["sweep", "optim.lr=interval(1e-4", *WHY, *INV], "cannot parse"),
-    "sweep of a controlled variable": (["sweep", "budget.tokens=choice(4096,8192)", *WHY, *INV],
-                                       "controlled variable"),
-    "sweep of one trial": (["sweep", "optim.lr=interval(1e-4,1e-2)", "--trials", "1", *WHY, *INV],
-                           "--trials 1"),
+    "sweep of a controlled variable": (
+        ["sweep", "budget.tokens=choice(4096,8192)", *WHY, *INV],
+        "controlled variable",
+    ),
+    "sweep of one trial": (
+        ["sweep", "optim.lr=interval(1e-4,1e-2)", "--trials", "1", *WHY, *INV],
+        "--trials 1",
+    ),
     "no seeds": (["baseline", "--seeds", "0", "--investigation", "b0"], "at least one seed"),
     "investigation exists": (["baseline", *INV], "exists already"),
-    "unknown launcher": (["baseline", "hydra/launcher=nope", "--investigation", "b1"],
-                         "no config 'hydra/launcher/nope'"),
-    "local launcher": (["baseline", "hydra/launcher=submitit_local", "--investigation", "b2"],
-                       "Slurm only"),
-    "$() in a partition": (["baseline", "hydra/launcher=slurm_cpu",
-                            "hydra.launcher.partition='gpu$(touch x)'", "--investigation", "b3"],
-                           "contains '$()'"),
-    "; in an account": (["baseline", "hydra/launcher=slurm_cpu", "hydra.launcher.account='a;id'",
-                         "--investigation", "b4"], "contains ';'"),
-    "backquotes in a QoS": (["baseline", "hydra/launcher=slurm_cpu", "hydra.launcher.qos='`id`'",
-                             "--investigation", "b5"], "contains '`'"),
-    "quotes and | in a comment": (["baseline", "hydra/launcher=slurm_cpu",
-                                   "hydra.launcher.comment='\"a\" | b'", "--investigation", "b6"],
-                                  "contains"),
-    "line break in a constraint": (["baseline", "hydra/launcher=slurm_cpu",
-                                    "hydra.launcher.constraint='a\nb'", "--investigation", "b7"],
-                                   "line break"),
-    "unreachable tracking server": (["baseline", "tracking.uri=http://127.0.0.1:9",
-                                     "--investigation", "b8"], "does not answer"),
+    "unknown launcher": (
+        ["baseline", "hydra/launcher=nope", "--investigation", "b1"],
+        "no config 'hydra/launcher/nope'",
+    ),
+    "local launcher": (
+        ["baseline", "hydra/launcher=submitit_local", "--investigation", "b2"],
+        "Slurm only",
+    ),
+    "$() in a partition": (
+        [
+            "baseline",
+            "hydra/launcher=slurm_cpu",
+            "hydra.launcher.partition='gpu$(touch x)'",
+            "--investigation",
+            "b3",
+        ],
+        "contains '$()'",
+    ),
+    "; in an account": (
+        [
+            "baseline",
+            "hydra/launcher=slurm_cpu",
+            "hydra.launcher.account='a;id'",
+            "--investigation",
+            "b4",
+        ],
+        "contains ';'",
+    ),
+    "backquotes in a QoS": (
+        [
+            "baseline",
+            "hydra/launcher=slurm_cpu",
+            "hydra.launcher.qos='`id`'",
+            "--investigation",
+            "b5",
+        ],
+        "contains '`'",
+    ),
+    "quotes and | in a comment": (
+        [
+            "baseline",
+            "hydra/launcher=slurm_cpu",
+            "hydra.launcher.comment='\"a\" | b'",
+            "--investigation",
+            "b6",
+        ],
+        "contains",
+    ),
+    "line break in a constraint": (
+        [
+            "baseline",
+            "hydra/launcher=slurm_cpu",
+            "hydra.launcher.constraint='a\nb'",
+            "--investigation",
+            "b7",
+        ],
+        "line break",
+    ),
+    "unreachable tracking server": (
+        ["baseline", "tracking.uri=http://127.0.0.1:9", "--investigation", "b8"],
+        "does not answer",
+    ),
     "verify without a confirmed test": (["verify", *INV], "no confirmed hypothesis"),
     "reset by nobody": (["reset", "--by", " ", "--reason", "x", *INV], "reset needs --by"),
     "upload of nothing": (["upload", "/no/such/spool.jsonl"], "no spool file"),
     "status of nothing": (["status", "--investigation", "nope"], "no investigation 'nope'"),
-}  # fmt: skip
+}
 
 
 @pytest.fixture
@@ -152,10 +242,20 @@ def recorded(workdir, monkeypatch):
     store = Store(uri, "hyprun")
     sha, _ = provenance.git_state()
     overrides = ["budget.tokens=4096"]
-    for name, drift in (("inv", {}), ("config-drift", {"config_hash": "0" * 16}),
-                        ("code-drift", {"git_sha": "0" * 40})):  # fmt: skip
-        baseline = {"overrides": overrides, "launcher": [], "seeds": 2, "seed_runs": [],
-                    "config_hash": drift_key(overrides), "git_sha": sha, **drift}  # fmt: skip
+    for name, drift in (
+        ("inv", {}),
+        ("config-drift", {"config_hash": "0" * 16}),
+        ("code-drift", {"git_sha": "0" * 40}),
+    ):
+        baseline = {
+            "overrides": overrides,
+            "launcher": [],
+            "seeds": 2,
+            "seed_runs": [],
+            "config_hash": drift_key(overrides),
+            "git_sha": sha,
+            **drift,
+        }
         store.tag(
             store.create(name, "a recorded baseline"), {"hyprun.baseline": json.dumps(baseline)}
         )
@@ -178,8 +278,9 @@ def test_investigation_commands_refuse(recorded, capsys, args, expected):
     assert _runs(recorded) == before, "a refused command records nothing"
 
 
-@pytest.mark.parametrize(("name", "expected"), [("config-drift", "configs changed"),
-                                                ("code-drift", "code changed")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("name", "expected"), [("config-drift", "configs changed"), ("code-drift", "code changed")]
+)
 def test_a_drifted_baseline_is_not_compared_against(recorded, capsys, name, expected):
     before = _runs(recorded)
     with pytest.raises(SystemExit) as exit_:
@@ -223,13 +324,17 @@ def test_train_refuses_an_unreachable_tracking_server(workdir, capsys):
     assert exit_.value.code == 2 and "does not answer" in err and "\n" not in err, err
 
 
-@pytest.mark.parametrize(("args", "expected"), [
-    (["--outage-s", "-5"], "--outage-s -5.0: give a number of seconds >= 0"),
-    (["--json", "/nonexistent/rows.json"], "its folder does not exist"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--outage-s", "-5"], "--outage-s -5.0: give a number of seconds >= 0"),
+        (["--json", "/nonexistent/rows.json"], "its folder does not exist"),
+    ],
+)
 def test_bench_faults_refuses_before_any_work(args, expected):
     command = [sys.executable, "-m", "bench.faults", *args]
-    done = subprocess.run(command, cwd=ROOT, env=python_env(), capture_output=True, text=True,
-                          timeout=120)  # fmt: skip
+    done = subprocess.run(
+        command, cwd=ROOT, env=python_env(), capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 2 and expected in done.stderr.strip().splitlines()[-1]
     assert done.stdout == ""  # no scenario ran

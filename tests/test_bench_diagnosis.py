@@ -16,10 +16,19 @@ from runner.compose import compose
 COMMON, SCENARIOS = load_scenarios()
 BY_NAME = {s.name: s for s in SCENARIOS}
 REQUIRED_FAULTS = {
-    "lr_too_high", "lr_too_low", "post_norm_no_warmup", "no_grad_clip", "tiny_init",
-    "duplicated_data", "label_noise", "padding_waste", "input_bound", "attention_collapse",
-    "moe_collapse", "bf16_numerics",
-}  # fmt: skip
+    "lr_too_high",
+    "lr_too_low",
+    "post_norm_no_warmup",
+    "no_grad_clip",
+    "tiny_init",
+    "duplicated_data",
+    "label_noise",
+    "padding_waste",
+    "input_bound",
+    "attention_collapse",
+    "moe_collapse",
+    "bf16_numerics",
+}
 # CI's share of the benchmark: half its token budget, marks every 4096 tokens as in the full run.
 CI_COMMON = [o for o in COMMON if not o.startswith("budget.tokens=")] + ["budget.tokens=32768"]
 
@@ -72,7 +81,13 @@ def test_two_scenarios_end_to_end(workdir):
 
     summary = summarize(results)
     assert summary["top3"] == 1.0 and summary["verdict_accuracy"] == 1.0
-    meta = {"date": "today", "commit": "0" * 40, "seeds": 2, "jobs": 1, "cpus": 2,
-            "wall_seconds": 60.0}  # fmt: skip
+    meta = {
+        "date": "today",
+        "commit": "0" * 40,
+        "seeds": 2,
+        "jobs": 1,
+        "cpus": 2,
+        "wall_seconds": 60.0,
+    }
     table = render_markdown(results, summary, meta)
     assert "| lr_too_low |" in table and "| healthy |" in table

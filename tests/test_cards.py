@@ -196,8 +196,11 @@ def test_cards_for_follows_the_findings_order():
 def test_cards_for_shipped_findings():
     assert {c.id for c in cards_for(["input_bound"], CARDS)} == {"loader_workers", "prefetch"}
     first = cards_for(["memory_over", "input_bound"], CARDS)
-    assert {c.id for c in first[:3]} == {"zero_stage", "activation_checkpointing",
-                                        "micro_batch_down"}  # fmt: skip
+    assert {c.id for c in first[:3]} == {
+        "zero_stage",
+        "activation_checkpointing",
+        "micro_batch_down",
+    }
 
 
 # --- validation ----------------------------------------------------------------------------

@@ -26,8 +26,14 @@ def test_six_tests_at_once_take_exact_numbers_strikes_and_one_escalation(mlflow_
     store = Store(mlflow_server, "hyprun")
     notices = workdir / "notices.jsonl"
     outcomes = race(store, "race", notices, workdir / "ckpt")
-    assert outcomes == [("claimed", 1), ("claimed", 2), ("claimed", 3),
-                        ("refused", 2), ("refused", 2), ("refused", 2)]  # fmt: skip
+    assert outcomes == [
+        ("claimed", 1),
+        ("claimed", 2),
+        ("claimed", 3),
+        ("refused", 2),
+        ("refused", 2),
+        ("refused", 2),
+    ]
 
     state = store.find_any("race")
     assert sorted(t.number for t in state.tests) == list(range(1, RACERS + 1))
@@ -56,8 +62,16 @@ def test_two_commands_started_together_cannot_both_take_the_last_strike(mlflow_s
     for factor in ("*0.1", "*0.01"):  # hypotheses that cannot help a too-low LR
         outcome = controller.test(store, "last-strike", [f"optim.lr={factor}"], WHY)
         assert outcome.verdict["status"] == "rejected"
-    command = [sys.executable, "-m", "runner.cli", "test", "--why", WHY,
-               "--investigation", "last-strike"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "runner.cli",
+        "test",
+        "--why",
+        WHY,
+        "--investigation",
+        "last-strike",
+    ]
     env = python_env(MLFLOW_TRACKING_URI=mlflow_server)
     commands = [
         subprocess.Popen(

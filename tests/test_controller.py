@@ -93,12 +93,12 @@ def webhook():
 
 def test_notifier_failures_are_reported_not_raised(tmp_path):
     sink = tmp_path / "notice.json"
-    outcomes = notify({"strikes": 3}, "http://127.0.0.1:9/nothing-listens",
-                      f"sh -c 'cat > {sink}'")  # fmt: skip
+    outcomes = notify({"strikes": 3}, "http://127.0.0.1:9/nothing-listens", f"sh -c 'cat > {sink}'")
     assert outcomes[0].startswith("url: failed") and outcomes[1] == "command: ok"
     assert json.loads(sink.read_text()) == {"strikes": 3}
-    assert notify({}, None, "false") == ["command: failed (Command '['false']' returned "
-                                         "non-zero exit status 1.)"]  # fmt: skip
+    assert notify({}, None, "false") == [
+        "command: failed (Command '['false']' returned non-zero exit status 1.)"
+    ]
 
 
 def test_verdicts_strikes_escalation_and_reset(store, low_lr, workdir, webhook, monkeypatch):
@@ -114,8 +114,11 @@ def test_verdicts_strikes_escalation_and_reset(store, low_lr, workdir, webhook, 
     # The MLflow UI's view of it: only the changed key as params, the verdict's numbers as
     # metrics at the matched tokens, filterable tags down to the seed runs.
     h1 = store.client.get_run(store.refresh(low_lr).tests[0].run_id)
-    assert h1.data.params == {"variable": "optim.lr", "optim.lr": "0.001",
-                              "baseline.optim.lr": "1e-05"}  # fmt: skip
+    assert h1.data.params == {
+        "variable": "optim.lr",
+        "optim.lr": "0.001",
+        "baseline.optim.lr": "1e-05",
+    }
     means = store.client.get_metric_history(h1.info.run_id, "seed_mean")
     assert [m.step for m in means] == [better.verdict["tokens"]]
     assert means[0].value == pytest.approx(better.verdict["test_value"])
@@ -157,15 +160,30 @@ def test_verdicts_strikes_escalation_and_reset(store, low_lr, workdir, webhook, 
     with pytest.MonkeyPatch.context() as mp:
         for key, value in run_cli_env.items():
             mp.setenv(key, value)
-        assert run_cli("reset", "--investigation", "low-lr", "--by", "ana",
-                       "--reason", "data checked; keep going") == 0  # fmt: skip
+        assert (
+            run_cli(
+                "reset",
+                "--investigation",
+                "low-lr",
+                "--by",
+                "ana",
+                "--reason",
+                "data checked; keep going",
+            )
+            == 0
+        )
     state = store.refresh(low_lr)
     assert state.strikes == 0 and not state.escalated and state.resets[0]["by"] == "ana"
 
 
 def test_clearly_worse_test_is_rejected_early(store, workdir):
-    overrides = ["budget.tokens=32768", "budget.eval_every_tokens=4096", "probes=off",
-                 "optim.lr=3e-3", f"checkpoint.dir={workdir}/ckpt"]  # fmt: skip
+    overrides = [
+        "budget.tokens=32768",
+        "budget.eval_every_tokens=4096",
+        "probes=off",
+        "optim.lr=3e-3",
+        f"checkpoint.dir={workdir}/ckpt",
+    ]
     record_baseline(store, "healthy", overrides, seeds=2, why="")
     outcome = controller.test(store, "healthy", ["optim.lr=*0.001"], WHY)
     verdict = outcome.verdict
@@ -220,8 +238,19 @@ def test_a_a_extra_seeds_posing_as_a_hypothesis_are_never_confirmed(store, low_l
     from runner.train import run
 
     parent = low_lr.run_id
-    others = [run(job_config(store, low_lr.baseline["overrides"], seed, parent, f"A/A {seed}",
-                             {"hyprun.role": "a-a"})) for seed in (5, 6)]  # fmt: skip
+    others = [
+        run(
+            job_config(
+                store,
+                low_lr.baseline["overrides"],
+                seed,
+                parent,
+                f"A/A {seed}",
+                {"hyprun.role": "a-a"},
+            )
+        )
+        for seed in (5, 6)
+    ]
     verdict = decide(store, low_lr, others, DEFAULT_PRIMARY, [])
     assert verdict["status"] != "confirmed", verdict
     metrics = MlflowClient(tracking_uri=store.uri).get_run(parent).data.metrics

@@ -20,18 +20,36 @@ from runner.investigation import Store
 from tests.helpers import metric_history, python_env
 
 # 16 steps of >= 0.25 s each: a window to kill the test's jobs mid-run.
-BUDGET = ["budget.tokens=16384", "budget.eval_every_tokens=4096", "budget.eval_sequences=16",
-          "checkpoint.every_tokens=2048", "data.source.loader_delay_ms=250"]  # fmt: skip
+BUDGET = [
+    "budget.tokens=16384",
+    "budget.eval_every_tokens=4096",
+    "budget.eval_sequences=16",
+    "checkpoint.every_tokens=2048",
+    "data.source.loader_delay_ms=250",
+]
 WHY = "I think the LR is too low because the loss is flat"
 
 
 def hyprun_test(workdir, uri: str) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "runner.cli", "test", "optim.lr=3e-3", "--why", WHY,
-         "--investigation", "crash"],
-        cwd=workdir, env=python_env(MLFLOW_TRACKING_URI=uri), stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True, start_new_session=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "runner.cli",
+            "test",
+            "optim.lr=3e-3",
+            "--why",
+            WHY,
+            "--investigation",
+            "crash",
+        ],
+        cwd=workdir,
+        env=python_env(MLFLOW_TRACKING_URI=uri),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
 
 
 @pytest.mark.parametrize("seed", [random.randrange(10**6)])
@@ -66,8 +84,10 @@ def test_kill_9_of_a_running_test_resumes_to_the_same_verdict(workdir, seed):
             resumed = metric_history(uri, runs[s], metric)
             clean = metric_history(uri, result.run_id, metric)
             assert [p for p, _ in resumed] == [p for p, _ in clean], (seed, metric)
-            assert all(math.isclose(a, b, rel_tol=1e-6)
-                       for (_, a), (_, b) in zip(resumed, clean, strict=True))  # fmt: skip
+            assert all(
+                math.isclose(a, b, rel_tol=1e-6)
+                for (_, a), (_, b) in zip(resumed, clean, strict=True)
+            )
     straight = decide(store, state, reference, DEFAULT_PRIMARY, [])
     assert test.verdict == straight["status"]
     assert float(test.tags["hyprun.effect"]) == pytest.approx(straight["effect"], rel=1e-6)

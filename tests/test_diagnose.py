@@ -15,27 +15,42 @@ from tests.helpers import job_config
 
 COMMON = ["budget.tokens=65536", "budget.eval_every_tokens=16384", "probes.every_steps=4"]
 FAULTS = {
-    "lr far too high": (["optim.lr=0.3"], {"lr_too_high_config", "lr_too_high_diverged",
-                                           "lr_too_high_oscillation"}),
+    "lr far too high": (
+        ["optim.lr=0.3"],
+        {"lr_too_high_config", "lr_too_high_diverged", "lr_too_high_oscillation"},
+    ),
     "lr about zero": (["optim.lr=1e-7"], {"lr_too_low"}),
     # Tiny init or deep post-norm do not starve this GPT under Adam (measured: layer ratio 0.70 at
     # init_std 1e-8, 0.31 at 24 post-norm layers); a forgotten residual connection does.
-    "vanishing gradients": (["model._target_=tests.faults.GPTWithoutResiduals", "model.n_layer=8"],
-                            {"vanishing_gradients", "vanishing_early_layers"}),
+    "vanishing gradients": (
+        ["model._target_=tests.faults.GPTWithoutResiduals", "model.n_layer=8"],
+        {"vanishing_gradients", "vanishing_early_layers"},
+    ),
     # Measured on 2-seed baselines at this budget (diag/tables/*.yaml name the numbers).
     "tiny init": (["model.init_std=1e-6"], {"init_too_small"}),
     "label noise": (["data.source.label_noise=0.6"], {"noisy_labels"}),
     "exploded, then NaN": (["optim=sgd", "optim.lr=1.0", "ds.grad_clip=0"], {"exploded_then_nan"}),
-    "nan in one module": (["model._target_=tests.faults.GPTWithNaN",
-                           "+model.nan_parameter=blocks.0.attn.qkv.weight"], {"nan_in_module"}),
+    "nan in one module": (
+        ["model._target_=tests.faults.GPTWithNaN", "+model.nan_parameter=blocks.0.attn.qkv.weight"],
+        {"nan_in_module"},
+    ),
     "input-bound loader": (["data.source.loader_delay_ms=100"], {"input_bound"}),
     "duplicated data": (["data.source.duplicate_frac=0.5"], {"duplicates"}),
-    "attention collapse": (["model._target_=tests.faults.GPTWithSharpAttention",
-                            "+model.q_scale=1000"], {"attention_collapse"}),
-    "moe router collapse": (["model._target_=tests.faults.GPTWithBiasedRouter",
-                             "+model.router_bias=20", "model.n_experts=4", "model.top_k=1",
-                             "model.moe_aux_weight=0"], {"moe_expert_collapse"}),
-}  # fmt: skip
+    "attention collapse": (
+        ["model._target_=tests.faults.GPTWithSharpAttention", "+model.q_scale=1000"],
+        {"attention_collapse"},
+    ),
+    "moe router collapse": (
+        [
+            "model._target_=tests.faults.GPTWithBiasedRouter",
+            "+model.router_bias=20",
+            "model.n_experts=4",
+            "model.top_k=1",
+            "model.moe_aux_weight=0",
+        ],
+        {"moe_expert_collapse"},
+    ),
+}
 
 
 def diagnosed(workdir, *overrides: str) -> dict:

@@ -16,8 +16,9 @@ from runner.launch import InProcess, Slurm, launcher_for, launcher_params, safe_
 
 
 def test_launcher_overrides_are_split_from_the_job_and_compose_hydra_submitit_configs(tmp_path):
-    job, launcher = split(["optim.lr=1e-3", "hydra/launcher=slurm_8xa100",
-                           "hydra.launcher.partition=a100"])  # fmt: skip
+    job, launcher = split(
+        ["optim.lr=1e-3", "hydra/launcher=slurm_8xa100", "hydra.launcher.partition=a100"]
+    )
     assert job == ["optim.lr=1e-3"]
     params = launcher_params(launcher)
     assert (params["tasks_per_node"], params["gpus_per_node"], params["nodes"]) == (8, 8, 1)
@@ -68,8 +69,13 @@ def test_a_slurm_task_ignores_the_rendezvous_its_submitter_exported(monkeypatch)
         submitter = dict(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1")
         for key, value in {**submitter, "MASTER_PORT": port}.items():  # restored afterwards
             monkeypatch.setenv(key, value)
-        for key, value in dict(SLURM_PROCID="0", SLURM_NTASKS="1", SLURM_LOCALID="0",
-                               SLURM_JOB_ID="155", SLURM_JOB_NODELIST="vm").items():  # fmt: skip
+        for key, value in dict(
+            SLURM_PROCID="0",
+            SLURM_NTASKS="1",
+            SLURM_LOCALID="0",
+            SLURM_JOB_ID="155",
+            SLURM_JOB_NODELIST="vm",
+        ).items():
             monkeypatch.setenv(key, value)
         dist.forget_submitter()
         dist.prepare_env()

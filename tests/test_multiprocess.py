@@ -23,9 +23,18 @@ LAUNCHERS = {
 def test_zero2_two_processes_match_one(workdir, launcher):
     uri = f"sqlite:///{workdir}/mlflow.db"
     module = ["--module", "runner.train"] if launcher == "deepspeed" else ["-m", "runner.train"]
-    command = [sys.executable, *LAUNCHERS[launcher], str(free_port()), *module, *BUDGET,
-               "budget.eval_sequences=32", "ds.micro_batch=8", f"tracking.uri={uri}",
-               f"checkpoint.dir={workdir}/ckpt", "tracking.experiment=two"]  # fmt: skip
+    command = [
+        sys.executable,
+        *LAUNCHERS[launcher],
+        str(free_port()),
+        *module,
+        *BUDGET,
+        "budget.eval_sequences=32",
+        "ds.micro_batch=8",
+        f"tracking.uri={uri}",
+        f"checkpoint.dir={workdir}/ckpt",
+        "tracking.experiment=two",
+    ]
     done = subprocess.run(
         command, cwd=workdir, env=python_env(), capture_output=True, text=True, timeout=600
     )

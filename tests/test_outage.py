@@ -14,9 +14,14 @@ from tests.helpers import free_port, metric_history, python_env, start_mlflow_se
 
 OUTAGE_S = 60
 # 16 steps of >= 0.25 s: the outage starts after the first metrics and outlasts the training.
-BUDGET = ["budget.tokens=16384", "budget.eval_every_tokens=4096", "budget.eval_sequences=16",
-          "data.source.loader_delay_ms=250", "tracking.flush_every_s=0.5",
-          "tracking.system_metrics_every_s=0"]  # fmt: skip
+BUDGET = [
+    "budget.tokens=16384",
+    "budget.eval_every_tokens=4096",
+    "budget.eval_sequences=16",
+    "data.source.loader_delay_ms=250",
+    "tracking.flush_every_s=0.5",
+    "tracking.system_metrics_every_s=0",
+]
 
 
 def test_a_server_outage_loses_nothing(tmp_path):
@@ -40,8 +45,12 @@ def test_a_server_outage_loses_nothing(tmp_path):
         assert run.info.status == "FINISHED" and run.data.tags["hyprun.outcome"] == "completed"
         losses = metric_history(uri, run_id, "train/loss")
         assert [s for s, _ in losses] == list(range(1024, 16385, 1024))  # each step once
-        assert [s for s, _ in metric_history(uri, run_id, "eval/loss")] == [4096, 8192, 12288,
-                                                                           16384]  # fmt: skip
+        assert [s for s, _ in metric_history(uri, run_id, "eval/loss")] == [
+            4096,
+            8192,
+            12288,
+            16384,
+        ]
         assert not spool.exists()
     finally:
         server.terminate()
@@ -54,11 +63,20 @@ def _job_logging_to_a_server(folder, *overrides: str):
     server = start_mlflow_server(folder, port)
     uri = f"http://127.0.0.1:{port}"
     job = subprocess.Popen(
-        [sys.executable, "-m", "runner.train", *BUDGET, *overrides,
-         f"checkpoint.dir={folder}/ckpt"],
-        cwd=folder, env=python_env(MLFLOW_TRACKING_URI=uri), stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "runner.train",
+            *BUDGET,
+            *overrides,
+            f"checkpoint.dir={folder}/ckpt",
+        ],
+        cwd=folder,
+        env=python_env(MLFLOW_TRACKING_URI=uri),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     client = MlflowClient(uri)
     deadline = time.monotonic() + 300
     while not (runs := _runs(client)) or not metric_history(uri, runs[0], "train/loss"):
@@ -86,9 +104,14 @@ def test_a_server_that_never_returns_leaves_the_evidence_and_the_upload_command(
 
     server = start_mlflow_server(tmp_path, port)
     try:
-        done = subprocess.run([sys.executable, "-m", "runner.cli", "upload", str(spool), "--uri",
-                               uri], cwd=tmp_path, env=python_env(), capture_output=True,
-                              text=True, timeout=120)  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, "-m", "runner.cli", "upload", str(spool), "--uri", uri],
+            cwd=tmp_path,
+            env=python_env(),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert done.returncode == 0, done.stderr
         run = client.get_run(run_id)
         assert run.info.status == "FINISHED" and run.data.tags["hyprun.outcome"] == "completed"

@@ -19,9 +19,16 @@ def reference_grad_norm(cfg) -> float:
     torch.manual_seed(cfg.budget.seed)
     model = instantiate(cfg.model)
     source = instantiate(cfg.data.source)
-    loader = build_loader(source, seed=cfg.budget.data_seed, micro_batch=cfg.ds.micro_batch,
-                          grad_accum=cfg.ds.grad_accum, rank=0, world=1, start_step=0,
-                          total_steps=1)  # fmt: skip
+    loader = build_loader(
+        source,
+        seed=cfg.budget.data_seed,
+        micro_batch=cfg.ds.micro_batch,
+        grad_accum=cfg.ds.grad_accum,
+        rank=0,
+        world=1,
+        start_step=0,
+        total_steps=1,
+    )
     for x, y in loader:
         (model(x, y) / cfg.ds.grad_accum).backward()
     return float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1e9))
@@ -29,8 +36,13 @@ def reference_grad_norm(cfg) -> float:
 
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 def test_global_grad_norm_matches_unsharded_clip_grad_norm(workdir, stage):
-    cfg = job_config(workdir, f"ds.zero_stage={stage}", "ds.grad_accum=2", "budget.tokens=8192",
-                     f"tracking.experiment=zero{stage}")  # fmt: skip
+    cfg = job_config(
+        workdir,
+        f"ds.zero_stage={stage}",
+        "ds.grad_accum=2",
+        "budget.tokens=8192",
+        f"tracking.experiment=zero{stage}",
+    )
     result = run(cfg)
     step, norm = metric_history(cfg.tracking.uri, result.run_id, "grad/norm")[0]
     assert step == 2048  # the first step is probed
@@ -71,8 +83,11 @@ def test_probes_off_log_no_probe_metrics(workdir):
 
 def test_nan_is_traced_to_the_module_that_made_it(workdir):
     """A NaN planted in one block's MLP weights: the job ends as diverged and names that layer."""
-    cfg = job_config(workdir, "model._target_=tests.faults.GPTWithNaN",
-                     "+model.nan_parameter=blocks.1.mlp.fc.weight")  # fmt: skip
+    cfg = job_config(
+        workdir,
+        "model._target_=tests.faults.GPTWithNaN",
+        "+model.nan_parameter=blocks.1.mlp.fc.weight",
+    )
     result = run(cfg)
     assert result.status == "diverged" and result.steps == 1
     from mlflow.tracking import MlflowClient

@@ -20,20 +20,42 @@ WHY = 'I think <b>the LR</b> is "off" | because & flat'
 DIAGNOSIS = {
     "run_id": "seed0",
     "question": "Q1",
-    "obvious": [{"check": "Is the learning rate reasonable?", "status": "warn",
-                 "details": ["lr <= 1e-4: low (config optim.lr 1e-05)"]}],
-    "findings": [{"id": "loss_flat", "question": "Q1", "group": "training dynamics",
-                  "evidence": "train loss barely falls", "cause": "LR <too> low",
-                  "first_action": "raise optim.lr", "cards": ["lr_up"],
-                  "numbers": {"loss_rel_drop": 0.0123456}, "details": []}],
-    "features": {"loss_rel_drop": {"value": 0.0123456, "detail": "dropped 1.2%"},
-                 "static.lr_plausible": {"value": 1e-5, "detail": "repeats L0"},
-                 "nan_module": {"value": None, "detail": "none"}},
-    "static": [{"id": "lr_plausible", "status": "pass", "value": 1e-5, "threshold": "0 < lr",
-                "why": "ok"},
-               {"id": "warmup", "status": "fail", "value": 0.0, "threshold": "warmup_frac > 0",
-                "why": "no warmup"}],
-}  # fmt: skip
+    "obvious": [
+        {
+            "check": "Is the learning rate reasonable?",
+            "status": "warn",
+            "details": ["lr <= 1e-4: low (config optim.lr 1e-05)"],
+        }
+    ],
+    "findings": [
+        {
+            "id": "loss_flat",
+            "question": "Q1",
+            "group": "training dynamics",
+            "evidence": "train loss barely falls",
+            "cause": "LR <too> low",
+            "first_action": "raise optim.lr",
+            "cards": ["lr_up"],
+            "numbers": {"loss_rel_drop": 0.0123456},
+            "details": [],
+        }
+    ],
+    "features": {
+        "loss_rel_drop": {"value": 0.0123456, "detail": "dropped 1.2%"},
+        "static.lr_plausible": {"value": 1e-5, "detail": "repeats L0"},
+        "nan_module": {"value": None, "detail": "none"},
+    },
+    "static": [
+        {"id": "lr_plausible", "status": "pass", "value": 1e-5, "threshold": "0 < lr", "why": "ok"},
+        {
+            "id": "warmup",
+            "status": "fail",
+            "value": 0.0,
+            "threshold": "warmup_frac > 0",
+            "why": "no warmup",
+        },
+    ],
+}
 
 
 class Page(HTMLParser):
@@ -66,27 +88,56 @@ class Page(HTMLParser):
             self.rows[-1][-1] += data
 
 
-def seed_run(store: Store, parent: str, seed: int, level: float, tokens: int = BUDGET,
-             primary: str | None = None) -> str:  # fmt: skip
+def seed_run(
+    store: Store,
+    parent: str,
+    seed: int,
+    level: float,
+    tokens: int = BUDGET,
+    primary: str | None = None,
+) -> str:
     """A finished seed job below `parent` whose metrics fall from `level`."""
     run = store.child(parent, f"seed {seed}", {"hyprun.seed": str(seed), "hyprun.tokens": tokens})
-    metrics = [Metric(name, level - 0.1 * i + 0.01 * seed, 0, mark)
-               for name in ("eval/loss", "train/loss", "grad/norm", "perf/data_wait_frac",
-                            *([primary] if primary else []))
-               for i, mark in enumerate(m for m in MARKS if m <= tokens)]  # fmt: skip
+    metrics = [
+        Metric(name, level - 0.1 * i + 0.01 * seed, 0, mark)
+        for name in (
+            "eval/loss",
+            "train/loss",
+            "grad/norm",
+            "perf/data_wait_frac",
+            *([primary] if primary else []),
+        )
+        for i, mark in enumerate(m for m in MARKS if m <= tokens)
+    ]
     store.client.log_batch(run, metrics=metrics, params=[Param("budget.tokens", str(BUDGET))])
     store.finish(run)
     return run
 
 
-def add_test(store: Store, parent: str, number: int, delta: list[str], verdict: dict | None,
-             tags: dict | None = None) -> str:  # fmt: skip
+def add_test(
+    store: Store,
+    parent: str,
+    number: int,
+    delta: list[str],
+    verdict: dict | None,
+    tags: dict | None = None,
+) -> str:
     """A test run as the controller leaves it: tags, metrics and verdict.json."""
     status = verdict["status"] if verdict else "running"
-    run = store.child(parent, f"H{number} · {status}", {
-        "hyprun.role": "test", "hyprun.investigation": "inv", "hyprun.number": str(number),
-        "hyprun.delta": json.dumps(delta), "hyprun.verdict": status, "hyprun.why": WHY,
-        "hyprun.claimed_ms": str(1000 + number), **(tags or {})})  # fmt: skip
+    run = store.child(
+        parent,
+        f"H{number} · {status}",
+        {
+            "hyprun.role": "test",
+            "hyprun.investigation": "inv",
+            "hyprun.number": str(number),
+            "hyprun.delta": json.dumps(delta),
+            "hyprun.verdict": status,
+            "hyprun.why": WHY,
+            "hyprun.claimed_ms": str(1000 + number),
+            **(tags or {}),
+        },
+    )
     assert store.once(parent, f"test.H{number}", run)
     if verdict:
         store.tag(run, {"hyprun.reason": verdict["reason"]})
@@ -110,20 +161,53 @@ def _investigation(store: Store, out: Path) -> tuple[Store, State, Path]:
     """Record the investigation in `store`, then write its report into `out`."""
     parent = store.create("inv", "note")
     seeds = [seed_run(store, parent, s, 5.5, primary="perf/tokens_per_s") for s in (0, 1)]
-    store.tag(parent, {"hyprun.why": "loss <flat> since step 0", "hyprun.baseline": json.dumps(
-        {"overrides": ["optim.lr=1e-5"], "seeds": 2, "git_sha": "abc123def4567", "config_hash": "x",
-         "seed_runs": seeds})})  # fmt: skip
+    store.tag(
+        parent,
+        {
+            "hyprun.why": "loss <flat> since step 0",
+            "hyprun.baseline": json.dumps(
+                {
+                    "overrides": ["optim.lr=1e-5"],
+                    "seeds": 2,
+                    "git_sha": "abc123def4567",
+                    "config_hash": "x",
+                    "seed_runs": seeds,
+                }
+            ),
+        },
+    )
     store.metrics(parent, {"baseline/eval_loss_mean": 5.2, "baseline/eval_loss_std": 0.01})
     store.text(parent, json.dumps(DIAGNOSIS), "diagnosis.json")
 
-    h1 = add_test(store, parent, 1, ["ds=fp16"], {
-        "status": "confirmed", "reason": "faster", "effect": 0.024, "noise": 0.003, "z": 8.0,
-        "metric": "perf/tokens_per_s", "baseline_value": 100.0, "test_value": 124.0,
-        "tokens": 4096}, {"hyprun.claimed": "25% faster", "hyprun.card": "fp16"})  # fmt: skip
+    h1 = add_test(
+        store,
+        parent,
+        1,
+        ["ds=fp16"],
+        {
+            "status": "confirmed",
+            "reason": "faster",
+            "effect": 0.024,
+            "noise": 0.003,
+            "z": 8.0,
+            "metric": "perf/tokens_per_s",
+            "baseline_value": 100.0,
+            "test_value": 124.0,
+            "tokens": 4096,
+        },
+        {"hyprun.claimed": "25% faster", "hyprun.card": "fp16"},
+    )
     for seed in (0, 1):
         seed_run(store, h1, seed, 5.0, primary="perf/tokens_per_s")
-    early = {"status": "rejected", "early": True, "reason": "rejected early: worse",
-             "effect": None, "noise": None, "z": 9.5, "tokens": 2048}  # fmt: skip
+    early = {
+        "status": "rejected",
+        "early": True,
+        "reason": "rejected early: worse",
+        "effect": None,
+        "noise": None,
+        "z": 9.5,
+        "tokens": 2048,
+    }
     h2 = add_test(store, parent, 2, ["optim.lr=1e-7"], early)
     seed_run(store, h2, 0, 5.9, tokens=2048)
     h3 = add_test(store, parent, 3, ["optim.lr=choice(1e-4, 3e-3)"], None)
@@ -131,12 +215,25 @@ def _investigation(store: Store, out: Path) -> tuple[Store, State, Path]:
     seed_run(store, trials[0], 0, 5.9, tokens=1024)  # pruned after its first eval
     for seed in (0, 1):  # the best trial ran out
         seed_run(store, trials[1], seed, 4.9)
-    store.tag(h3, {"hyprun.verdict": "confirmed", "hyprun.reason": "best optim.lr=0.003",
-                   "hyprun.best_delta": json.dumps(["optim.lr=0.003"]),
-                   "hyprun.best_run": trials[1]})  # fmt: skip
+    store.tag(
+        h3,
+        {
+            "hyprun.verdict": "confirmed",
+            "hyprun.reason": "best optim.lr=0.003",
+            "hyprun.best_delta": json.dumps(["optim.lr=0.003"]),
+            "hyprun.best_run": trials[1],
+        },
+    )
     store.metrics(h3, {"effect": 0.05, "noise": 0.01})
-    swept = {"status": "confirmed", "metric": "eval/loss", "z": 5.0, "baseline_value": 5.2,
-             "test_value": 4.94, "tokens": 4096, "trials": [{}, {}]}  # fmt: skip
+    swept = {
+        "status": "confirmed",
+        "metric": "eval/loss",
+        "z": 5.0,
+        "baseline_value": 5.2,
+        "test_value": 4.94,
+        "tokens": 4096,
+        "trials": [{}, {}],
+    }
     store.text(h3, json.dumps(swept), "verdict.json")
     add_test(store, parent, 4, ["model.norm=rmsnorm"], None)
     state = store.find("inv")
@@ -154,28 +251,41 @@ def test_the_report_holds_every_section_with_the_tests_numbers(report):
     assert "- **Baseline seed mean ± std**: eval/loss 5.2 ± 0.01" in md
     assert md.index("| warmup | fail |") < md.index("| lr_plausible | pass |")  # failures first
     assert "| Is the learning rate reasonable? | warn | lr <= 1e-4: low" in md
-    assert "| 1 | loss_flat (training dynamics, Q1) | train loss barely falls | " \
-           "loss_rel_drop=0.01235 | LR <too> low | raise optim.lr | lr_up |" in md  # fmt: skip
+    assert (
+        "| 1 | loss_flat (training dynamics, Q1) | train loss barely falls | "
+        "loss_rel_drop=0.01235 | LR <too> low | raise optim.lr | lr_up |" in md
+    )
     assert "| loss_rel_drop | 0.01235 | dropped 1.2% |" in md
     assert "static.lr_plausible" not in md and "nan_module" not in md
 
     rows = {line.split(" | ")[0]: line for line in md.splitlines() if line.startswith("| H")}
-    assert rows["| H1"] == ("| H1 | `ds=fp16` | confirmed | +2.40% ± 0.30% (z 8.0) | "
-                            "25% faster | perf/tokens_per_s 100 → 124 at 4,096 tokens | 8,192 | "
-                            "0 (0%) |")  # fmt: skip
-    assert rows["| H2"] == ("| H2 | `optim.lr=1e-7` | rejected | — | — | stopped at 2,048 tokens "
-                            "(z 9.5) | 2,048 | 6,144 (75%) |")  # fmt: skip
+    assert rows["| H1"] == (
+        "| H1 | `ds=fp16` | confirmed | +2.40% ± 0.30% (z 8.0) | "
+        "25% faster | perf/tokens_per_s 100 → 124 at 4,096 tokens | 8,192 | "
+        "0 (0%) |"
+    )
+    assert rows["| H2"] == (
+        "| H2 | `optim.lr=1e-7` | rejected | — | — | stopped at 2,048 tokens "
+        "(z 9.5) | 2,048 | 6,144 (75%) |"
+    )
     # A sweep of 2 trials x 2 seeds: one trial pruned after 1,024 tokens, the best ran out.
-    assert rows["| H3"].startswith("| H3 | `optim.lr=choice(1e-4, 3e-3) → optim.lr=0.003` | "
-                                   "confirmed | +5.00% ± 1.00% (z 5.0) |")  # fmt: skip
+    assert rows["| H3"].startswith(
+        "| H3 | `optim.lr=choice(1e-4, 3e-3) → optim.lr=0.003` | "
+        "confirmed | +5.00% ± 1.00% (z 5.0) |"
+    )
     assert rows["| H3"].endswith("| 9,216 | 7,168 (44%) |")
     assert rows["| H4"] == "| H4 | `model.norm=rmsnorm` | running | — | — | — | 0 | 0 (0%) |"
     assert "- **Tokens on tests**: 19,456 spent, 13,312 saved" in md
     assert '- **H2**: I think <b>the LR</b> is "off" \\| because & flat → rejected early' in md
 
     images = sorted(p.name for p in out.glob("*.png"))
-    assert images == ["data_wait.png", "eval_loss.png", "grad_norm.png", "perf_tokens_per_s.png",
-                      "train_loss.png"]  # fmt: skip
+    assert images == [
+        "data_wait.png",
+        "eval_loss.png",
+        "grad_norm.png",
+        "perf_tokens_per_s.png",
+        "train_loss.png",
+    ]
     assert all(f"![{Path(i).stem}]({i})" in md for i in images)
     logged = {a.path for a in store.client.list_artifacts(state.run_id, "report")}
     assert logged == {f"report/{name}" for name in [*images, "report.md", "report.html"]}
@@ -192,8 +302,12 @@ def test_the_html_page_is_escaped_and_self_contained(report):
     assert all((out / src).is_file() for src in parsed.images)  # relative paths, beside it
     assert "http" not in "".join(parsed.images)
     cells = {r[0]: r for r in parsed.rows if r and r[0].startswith("H")}
-    assert [cells[f"H{n}"][2] for n in (1, 2, 3, 4)] == ["confirmed", "rejected", "confirmed",
-                                                          "running"]  # fmt: skip
+    assert [cells[f"H{n}"][2] for n in (1, 2, 3, 4)] == [
+        "confirmed",
+        "rejected",
+        "confirmed",
+        "running",
+    ]
     assert 'class="confirmed"' in text and 'class="fail"' in text
 
 
@@ -201,9 +315,20 @@ def test_a_baseline_recorded_before_triage_still_reports(workdir):
     store = Store(f"sqlite:///{workdir}/mlflow.db", "hyprun")
     parent = store.create("old", "note")
     seeds = [seed_run(store, parent, s, 5.5) for s in (0, 1)]
-    store.tag(parent, {"hyprun.baseline": json.dumps(
-        {"overrides": [], "seeds": 2, "git_sha": "0" * 40, "config_hash": "x",
-         "seed_runs": seeds})})  # fmt: skip
+    store.tag(
+        parent,
+        {
+            "hyprun.baseline": json.dumps(
+                {
+                    "overrides": [],
+                    "seeds": 2,
+                    "git_sha": "0" * 40,
+                    "config_hash": "x",
+                    "seed_runs": seeds,
+                }
+            )
+        },
+    )
     markdown, page = write_report(store, store.find("old"), workdir / "out")
     md = markdown.read_text()
     assert "- **Core question**: ?: not triaged" in md and "defaults · 2 seeds" in md

@@ -28,11 +28,21 @@ OVERRIDES = [
 
 def start(workdir: Path, experiment: str) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "runner.train", *OVERRIDES,
-         f"tracking.uri=sqlite:///{workdir}/mlflow.db", f"tracking.experiment={experiment}",
-         f"checkpoint.dir={workdir}/ckpt"],
-        cwd=workdir, env=python_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "runner.train",
+            *OVERRIDES,
+            f"tracking.uri=sqlite:///{workdir}/mlflow.db",
+            f"tracking.experiment={experiment}",
+            f"checkpoint.dir={workdir}/ckpt",
+        ],
+        cwd=workdir,
+        env=python_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def finish(job: subprocess.Popen) -> tuple[int, str]:

@@ -92,11 +92,21 @@ def test_best_of_n_needs_the_bonferroni_correction():
 def test_an_in_process_sweep_takes_one_verdict(workdir):
     uri = f"sqlite:///{workdir}/mlflow.db"
     store = Store(uri, "hyprun")
-    budget = ["budget.tokens=8192", "budget.eval_every_tokens=1024", "budget.eval_sequences=16",
-              f"tracking.uri={uri}", f"checkpoint.dir={workdir}/ckpt"]  # fmt: skip
+    budget = [
+        "budget.tokens=8192",
+        "budget.eval_every_tokens=1024",
+        "budget.eval_sequences=16",
+        f"tracking.uri={uri}",
+        f"checkpoint.dir={workdir}/ckpt",
+    ]
     record_baseline(store, "sw", budget, seeds=2, why="")
-    outcome = sweep(store, "sw", ["optim.lr=choice(1e-7, 3e-3)"], trials=2,
-                    why="I think the LR is off because loss is flat")  # fmt: skip
+    outcome = sweep(
+        store,
+        "sw",
+        ["optim.lr=choice(1e-7, 3e-3)"],
+        trials=2,
+        why="I think the LR is off because loss is flat",
+    )
     assert outcome.exit_code == 0
     state = store.find_any("sw")
     [test] = state.tests

@@ -113,8 +113,9 @@ def test_sparser_logging_reports_the_window_mean(workdir):
 
 
 def test_system_metrics_are_recorded_on_the_job_run(workdir):
-    cfg = job_config(workdir, "tracking.system_metrics_every_s=0.2",
-                     "data.source.loader_delay_ms=300")  # fmt: skip
+    cfg = job_config(
+        workdir, "tracking.system_metrics_every_s=0.2", "data.source.loader_delay_ms=300"
+    )
     result = run(cfg)
     metrics = MlflowClient(cfg.tracking.uri).get_run(result.run_id).data.metrics
     assert metrics["system/cpu_utilization_percentage"] >= 0

@@ -78,12 +78,24 @@ def healthy(seed: int = 0) -> Evidence:
         series=series,
         tags={"hyprun.outcome": "completed"},
         static=[
-            {"id": "duplicates", "status": "pass", "value": 0.0, "threshold": 0.01,
-             "why": "training sequences are distinct", "question": "Q2"},
-            {"id": "lr_plausible", "status": "pass", "value": 1e-3, "threshold": [1e-5, 3e-3],
-             "why": "LR within the usual band", "question": "Q1"},
+            {
+                "id": "duplicates",
+                "status": "pass",
+                "value": 0.0,
+                "threshold": 0.01,
+                "why": "training sequences are distinct",
+                "question": "Q2",
+            },
+            {
+                "id": "lr_plausible",
+                "status": "pass",
+                "value": 1e-3,
+                "threshold": [1e-5, 3e-3],
+                "why": "LR within the usual band",
+                "question": "Q1",
+            },
         ],
-    )  # fmt: skip
+    )
 
 
 def drop_probes(ev: Evidence) -> None:
@@ -281,8 +293,14 @@ def test_low_mfu_on_a_cpu_is_not_judged():
 
 def test_lr_warning_with_runaway_weights_is_lr_too_high():
     ev = healthy()
-    ev.static[1] = {"id": "lr_plausible", "status": "warn", "value": 0.1, "threshold": 3e-3,
-                    "why": "LR above the usual band", "question": "Q1"}  # fmt: skip
+    ev.static[1] = {
+        "id": "lr_plausible",
+        "status": "warn",
+        "value": 0.1,
+        "threshold": 3e-3,
+        "why": "LR above the usual band",
+        "question": "Q1",
+    }
     p = np.arange(N // PROBE)
     ev.series["param/dist_from_init"] = pts(6.0 * (p + 1) / p.size, PROBE)
     ev.series["attn/entropy/blocks.0"] = pts(0.9 * np.exp(-p / 3) + 0.005, PROBE)
@@ -317,11 +335,24 @@ def test_moe_expert_collapse():
 def test_duplicates_as_diag_static_reports_them():
     """diag/static.py writes a prose threshold: severity then follows the status."""
     ev = healthy()
-    ev.static[0] = {"id": "duplicates", "status": "fail", "value": 0.3,
-                    "threshold": "exact duplicates <= 1% (fail > 10%) of 8192 sampled rows",
-                    "why": "repeated sequences are seen many times", "question": "Q2"}  # fmt: skip
-    ev.static.append({"id": "loader", "status": "warn", "value": 0, "threshold": "workers >= 1",
-                      "why": "set data.loader.num_workers >= 1", "question": "Q3"})  # fmt: skip
+    ev.static[0] = {
+        "id": "duplicates",
+        "status": "fail",
+        "value": 0.3,
+        "threshold": "exact duplicates <= 1% (fail > 10%) of 8192 sampled rows",
+        "why": "repeated sequences are seen many times",
+        "question": "Q2",
+    }
+    ev.static.append(
+        {
+            "id": "loader",
+            "status": "warn",
+            "value": 0,
+            "threshold": "workers >= 1",
+            "why": "set data.loader.num_workers >= 1",
+            "question": "Q3",
+        }
+    )
     diag, first = top(ev)
     assert [f.id for f in diag.findings] == ["duplicates"]
     assert first.severity == 2.0 and first.numbers["static.duplicates"] == 0.3
@@ -331,8 +362,14 @@ def test_duplicates_as_diag_static_reports_them():
 
 def test_duplicates_from_a_static_check_rank_first_with_numbers():
     ev = healthy()
-    ev.static[0] = {"id": "duplicates", "status": "warn", "value": 0.05, "threshold": 0.01,
-                    "why": "repeated sequences", "question": "Q2"}  # fmt: skip
+    ev.static[0] = {
+        "id": "duplicates",
+        "status": "warn",
+        "value": 0.05,
+        "threshold": 0.01,
+        "why": "repeated sequences",
+        "question": "Q2",
+    }
     diag, first = top(ev)
     assert first.id == "duplicates" and first.question == "Q2"
     assert first.numbers["static.duplicates"] == 0.05
@@ -344,9 +381,14 @@ def test_duplicates_from_a_static_check_rank_first_with_numbers():
 @pytest.mark.parametrize(("lr", "row"), [(0.0, "lr_zero_config"), (0.3, "lr_too_high_config")])
 def test_failed_static_check_outranks_convergence_rows(lr, row):
     ev = healthy()
-    ev.static[1] = {"id": "lr_plausible", "status": "fail", "value": lr,
-                    "threshold": "0 < lr <= 0.1; usual 1e-5 <= lr <= 3e-3", "why": "LR",
-                    "question": "Q1"}  # fmt: skip
+    ev.static[1] = {
+        "id": "lr_plausible",
+        "status": "fail",
+        "value": lr,
+        "threshold": "0 < lr <= 0.1; usual 1e-5 <= lr <= 3e-3",
+        "why": "LR",
+        "question": "Q1",
+    }
     ev.series["perf/mfu"] = [(s, 0.3) for s, _ in ev.series["perf/mfu"]]
     diag, first = top(ev)
     assert [f.id for f in diag.findings] == [row, "mfu_memory_or_overlap"]
@@ -356,8 +398,16 @@ def test_failed_static_check_outranks_convergence_rows(lr, row):
 
 def test_unknown_failed_static_check_still_reported():
     ev = healthy()
-    ev.static.append({"id": "mystery", "status": "fail", "value": 8, "threshold": 2,
-                      "why": "something off", "question": "Q3"})  # fmt: skip
+    ev.static.append(
+        {
+            "id": "mystery",
+            "status": "fail",
+            "value": 8,
+            "threshold": 2,
+            "why": "something off",
+            "question": "Q3",
+        }
+    )
     diag, first = top(ev)
     assert first.id == "static.mystery" and first.question == "Q3"
     assert first.severity == pytest.approx(4.0)
@@ -477,8 +527,14 @@ def rebounding_loss(ev: Evidence) -> None:
     level = 5.0 - 0.6 * np.minimum(i, 60) / 60 + 0.4 * np.clip(i - 60, 0, 60) / 60
     ev.series["train/loss"] = pts(level + rng.normal(0, 0.02, N))
     ev.series["eval/loss"] = pts(level[19::20] + 0.02, every=20)
-    ev.static[1] = {"id": "lr_plausible", "status": "warn", "value": 0.02, "threshold": 1e-2,
-                    "why": "LR above the usual band", "question": "Q1"}  # fmt: skip
+    ev.static[1] = {
+        "id": "lr_plausible",
+        "status": "warn",
+        "value": 0.02,
+        "threshold": 1e-2,
+        "why": "LR above the usual band",
+        "question": "Q1",
+    }
     p = np.arange(N // PROBE)
     ev.series["param/dist_from_init"] = pts(2.2 * (p + 1) / p.size, PROBE)
 

@@ -196,8 +196,10 @@ def test_against_a_diverged_baseline_the_question_is_whether_the_divergence_goes
     v = compare(blown, runs({0: 2.9, 1: 2.95}), LOSS)
     assert v.status == "confirmed" and v.reason.startswith("removes the divergence")
     assert "by 2,048 tokens" in v.reason and v.tokens == 4096
-    assert compare(blown, {0: [(1024, 4.0), (2048, math.nan)], 1: [(4096, 3.0)]},
-                   LOSS).status == "rejected"  # fmt: skip
+    assert (
+        compare(blown, {0: [(1024, 4.0), (2048, math.nan)], 1: [(4096, 3.0)]}, LOSS).status
+        == "rejected"
+    )
     # a test that stops before the point where the baseline blew up shows nothing
     assert compare(blown, runs({0: 2.9, 1: 2.95}, tokens=2048), LOSS).status == "inconclusive"
     # one baseline seed of two diverging, none of the test's: could be chance

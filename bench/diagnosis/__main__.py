@@ -89,12 +89,20 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--only", nargs="+", metavar="NAME", help="run only these scenarios")
-    parser.add_argument("--seeds", type=int, help="seeds per baseline and test, for every "
-                        "scenario (default: the scenario's own, else 2)")  # fmt: skip
-    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
-                        help="scenarios run at once")  # fmt: skip
-    parser.add_argument("--out", default=str(Path(__file__).with_name("results")),
-                        help="folder for latest.md and latest.json")  # fmt: skip
+    parser.add_argument(
+        "--seeds",
+        type=int,
+        help="seeds per baseline and test, for every "
+        "scenario (default: the scenario's own, else 2)",
+    )
+    parser.add_argument(
+        "--jobs", type=int, default=os.cpu_count() or 1, help="scenarios run at once"
+    )
+    parser.add_argument(
+        "--out",
+        default=str(Path(__file__).with_name("results")),
+        help="folder for latest.md and latest.json",
+    )
     parser.add_argument("--workdir", help="folder for the scenarios' MLflow files and logs")
     args = parser.parse_args(argv)
     if (args.seeds is not None and args.seeds < 1) or args.jobs < 1:
@@ -102,13 +110,25 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def run_all(scenarios: list[Scenario], common: list[str], seeds: int | None, jobs: int,
-            workdir: Path, threads: int, sha: str) -> list[dict[str, Any]]:  # fmt: skip
+def run_all(
+    scenarios: list[Scenario],
+    common: list[str],
+    seeds: int | None,
+    jobs: int,
+    workdir: Path,
+    threads: int,
+    sha: str,
+) -> list[dict[str, Any]]:
     """Results in the scenarios' order; each scenario in a fresh worker process."""
     context = multiprocessing.get_context("spawn")
     results: dict[str, dict[str, Any]] = {}
-    with ProcessPoolExecutor(jobs, mp_context=context, initializer=worker_setup,
-                             initargs=(threads, sha), max_tasks_per_child=1) as pool:  # fmt: skip
+    with ProcessPoolExecutor(
+        jobs,
+        mp_context=context,
+        initializer=worker_setup,
+        initargs=(threads, sha),
+        max_tasks_per_child=1,
+    ) as pool:
         futures = {
             pool.submit(
                 run_logged, s, workdir / s.name, seeds or s.seeds or DEFAULT_SEEDS, common

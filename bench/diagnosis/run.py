@@ -84,19 +84,32 @@ def inside(folder: Path) -> Iterator[None]:
         os.chdir(before)
 
 
-def run_scenario(scenario: Scenario, workdir: Path, seeds: int, common: list[str]
-                 ) -> dict[str, Any]:  # fmt: skip
+def run_scenario(
+    scenario: Scenario, workdir: Path, seeds: int, common: list[str]
+) -> dict[str, Any]:
     """The method end to end on one scenario, in `workdir`; a result dict (never raises for a
     failing scenario: the error is recorded in the result)."""
     workdir = Path(workdir).resolve()
     start = time.monotonic()
     result: dict[str, Any] = {
-        "name": scenario.name, "kind": scenario.kind, "fault": scenario.fault,
-        "cause": list(scenario.cause), "fix": list(scenario.fix), "seeds": seeds,
-        "findings": [], "rank": None, "tests": [], "confirmed": None, "strikes": 0,
-        "escalated": False, "tokens_spent": 0, "tokens_saved": 0, "error": None,
-        "diagnosed": False, "exclusive": scenario.exclusive,
-    }  # fmt: skip
+        "name": scenario.name,
+        "kind": scenario.kind,
+        "fault": scenario.fault,
+        "cause": list(scenario.cause),
+        "fix": list(scenario.fix),
+        "seeds": seeds,
+        "findings": [],
+        "rank": None,
+        "tests": [],
+        "confirmed": None,
+        "strikes": 0,
+        "escalated": False,
+        "tokens_spent": 0,
+        "tokens_saved": 0,
+        "error": None,
+        "diagnosed": False,
+        "exclusive": scenario.exclusive,
+    }
     try:
         with inside(workdir):
             _investigate(scenario, workdir, seeds, common, result)
@@ -106,8 +119,9 @@ def run_scenario(scenario: Scenario, workdir: Path, seeds: int, common: list[str
     return result
 
 
-def _investigate(scenario: Scenario, workdir: Path, seeds: int, common: list[str],
-                 result: dict[str, Any]) -> None:  # fmt: skip
+def _investigate(
+    scenario: Scenario, workdir: Path, seeds: int, common: list[str], result: dict[str, Any]
+) -> None:
     from hypotheses.schema import load_cards
     from runner import controller
     from runner.diagnose import diagnose
@@ -134,8 +148,10 @@ def _investigate(scenario: Scenario, workdir: Path, seeds: int, common: list[str
 
     cards = load_cards()
     if scenario.kind == "aa":
-        candidates = [(None, [delta], "A/A: the data sample changes, the task does not")
-                      for delta in scenario.aa]  # fmt: skip
+        candidates = [
+            (None, [delta], "A/A: the data sample changes, the task does not")
+            for delta in scenario.aa
+        ]
     else:
         # In the order `hyprun diagnose` shows them: by finding, each row's cards as listed.
         shown = dict.fromkeys(c for f in document["findings"] for c in f["cards"] if c in cards)
@@ -192,13 +208,20 @@ def _collect(store, name: str, scenario: Scenario, result: dict[str, Any]) -> No
         early = test.tags.get("hyprun.early") == "true"
         saved = budget * seeds - test_spent if early else 0
         effect = test.tags.get("hyprun.effect")
-        result["tests"].append({
-            "number": test.number, "card": test.card, "delta": test.delta,
-            "verdict": test.verdict, "effect": _float(effect), "early": early,
-            "tokens_spent": test_spent, "tokens_saved": saved,
-            "fixes": bool(test.card and test.card in scenario.fix),
-            "strikes_before": strikes,
-        })  # fmt: skip
+        result["tests"].append(
+            {
+                "number": test.number,
+                "card": test.card,
+                "delta": test.delta,
+                "verdict": test.verdict,
+                "effect": _float(effect),
+                "early": early,
+                "tokens_spent": test_spent,
+                "tokens_saved": saved,
+                "fixes": bool(test.card and test.card in scenario.fix),
+                "strikes_before": strikes,
+            }
+        )
         strikes += test.verdict == "rejected"
         spent += test_spent
         saved_total += saved
@@ -206,8 +229,12 @@ def _collect(store, name: str, scenario: Scenario, result: dict[str, Any]) -> No
     if confirmed:
         result["confirmed"] = confirmed[0]["card"] or " ".join(confirmed[0]["delta"])
         result["strikes_to_confirm"] = confirmed[0]["strikes_before"]
-    result.update(strikes=state.strikes, escalated=state.escalated, tokens_spent=spent,
-                  tokens_saved=saved_total)  # fmt: skip
+    result.update(
+        strikes=state.strikes,
+        escalated=state.escalated,
+        tokens_spent=spent,
+        tokens_saved=saved_total,
+    )
 
 
 def _tokens(run) -> int:
@@ -242,8 +269,7 @@ def worker_setup(threads: int, sha: str) -> None:
     provenance.git_state = lambda root=None: (sha, False)
 
 
-def run_logged(scenario: Scenario, workdir: Path, seeds: int, common: list[str]
-                ) -> dict[str, Any]:  # fmt: skip
+def run_logged(scenario: Scenario, workdir: Path, seeds: int, common: list[str]) -> dict[str, Any]:
     """run_scenario with this process's stdout and stderr in workdir/log.txt."""
     workdir.mkdir(parents=True, exist_ok=True)
     log = os.open(workdir / "log.txt", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)

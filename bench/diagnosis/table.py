@@ -97,15 +97,18 @@ def targets(s: dict[str, Any]) -> dict[str, bool | None]:
     return {
         "top1 >= 90%": at_least(s["top1"], TARGETS["top1"]),
         "top3 = 100%": at_least(s["top3"], TARGETS["top3"]),
-        "false confirmations <= 5%": None if fcr is None else fcr <= TARGETS[
-            "false_confirmation_rate"],
-        "early rejection saves >= 40%, no true fix rejected early": None if early is None
+        "false confirmations <= 5%": None
+        if fcr is None
+        else fcr <= TARGETS["false_confirmation_rate"],
+        "early rejection saves >= 40%, no true fix rejected early": None
+        if early is None
         else early and s["fixes_rejected_early"] == 0,
-    }  # fmt: skip
+    }
 
 
-def render_markdown(results: list[dict[str, Any]], summary: dict[str, Any],
-                    meta: dict[str, Any]) -> str:  # fmt: skip
+def render_markdown(
+    results: list[dict[str, Any]], summary: dict[str, Any], meta: dict[str, Any]
+) -> str:
     """The table, the totals and the targets, as Markdown."""
     lines = [
         f"Diagnosis benchmark, {meta['date']}, commit {meta['commit'][:10]}"
@@ -150,8 +153,9 @@ def render_markdown(results: list[dict[str, Any]], summary: dict[str, Any],
     return "\n".join(lines) + "\n"
 
 
-def write(out: Path, results: list[dict[str, Any]], summary: dict[str, Any],
-          meta: dict[str, Any]) -> None:  # fmt: skip
+def write(
+    out: Path, results: list[dict[str, Any]], summary: dict[str, Any], meta: dict[str, Any]
+) -> None:
     """latest.md and latest.json in `out`."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "latest.md").write_text(render_markdown(results, summary, meta))

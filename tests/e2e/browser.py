@@ -108,8 +108,9 @@ def image_count(driver) -> int:
     return driver.execute_script("return document.images.length;")
 
 
-def screenshot(driver, folder: Path, name: str, copy_to: Path | None = None,
-               full_page: bool = False) -> Path:  # fmt: skip
+def screenshot(
+    driver, folder: Path, name: str, copy_to: Path | None = None, full_page: bool = False
+) -> Path:
     """Save a PNG of the viewport (or of the whole page) as `folder/name.png`, and copy it
     into `copy_to`."""
     folder.mkdir(parents=True, exist_ok=True)

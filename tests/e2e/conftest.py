@@ -25,8 +25,9 @@ def slurm() -> None:
             ["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, timeout=30
         )
         states = out.stdout.split()
-        if out.returncode != 0 or not any(s.rstrip("*") in ("idle", "mixed", "allocated")
-                                          for s in states):  # fmt: skip
+        if out.returncode != 0 or not any(
+            s.rstrip("*") in ("idle", "mixed", "allocated") for s in states
+        ):
             problem = f"Slurm has no usable node ({out.stdout.strip() or out.stderr.strip()})"
     if problem and required:
         pytest.fail(problem)

@@ -24,8 +24,13 @@ from runner.launch import Failed, Job, Slurm, launcher_params, sacct_states
 from tests.helpers import metric_history, python_env
 
 # Slow enough to act on a running job (0.4 s per step, 16 steps), small enough for CI.
-BUDGET = ["budget.tokens=16384", "budget.eval_every_tokens=4096", "budget.eval_sequences=32",
-          "checkpoint.every_tokens=2048", "data.source.loader_delay_ms=400"]  # fmt: skip
+BUDGET = [
+    "budget.tokens=16384",
+    "budget.eval_every_tokens=4096",
+    "budget.eval_sequences=32",
+    "checkpoint.every_tokens=2048",
+    "data.source.loader_delay_ms=400",
+]
 NAME = "on-slurm"
 pytestmark = pytest.mark.usefixtures("slurm")
 
@@ -34,8 +39,9 @@ def hyprun(*args: str, cwd: Path, uri: str, wait: bool = True):
     command = [sys.executable, "-m", "runner.cli", *args]
     env = python_env(MLFLOW_TRACKING_URI=uri, MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR="false")
     if not wait:
-        return subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True)  # fmt: skip
+        return subprocess.Popen(
+            command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
     return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
 
 
@@ -43,8 +49,17 @@ def hyprun(*args: str, cwd: Path, uri: str, wait: bool = True):
 def investigation(mlflow_server: str, tmp_path_factory: pytest.TempPathFactory):
     """(folder, store) of an investigation whose 2-seed baseline ran as a Slurm job array."""
     folder = tmp_path_factory.mktemp("slurm")
-    done = hyprun("baseline", *BUDGET, "hydra/launcher=slurm_cpu", "--seeds", "2",
-                  "--investigation", NAME, cwd=folder, uri=mlflow_server)  # fmt: skip
+    done = hyprun(
+        "baseline",
+        *BUDGET,
+        "hydra/launcher=slurm_cpu",
+        "--seeds",
+        "2",
+        "--investigation",
+        NAME,
+        cwd=folder,
+        uri=mlflow_server,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     return folder, Store(mlflow_server, "hyprun")
 
@@ -71,8 +86,16 @@ def test_baseline_and_test_reach_a_verdict_through_slurm(investigation, mlflow_s
     baseline_jobs = store.client.get_run(state.run_id).data.tags["slurm.jobs"].split(",")
     assert len(baseline_jobs) == 2 and len({j.split("_")[0] for j in baseline_jobs}) == 1
 
-    done = hyprun("test", "optim.lr=3e-3", "--why", "I think the LR is low because loss is flat",
-                  "--investigation", NAME, cwd=folder, uri=mlflow_server)  # fmt: skip
+    done = hyprun(
+        "test",
+        "optim.lr=3e-3",
+        "--why",
+        "I think the LR is low because loss is flat",
+        "--investigation",
+        NAME,
+        cwd=folder,
+        uri=mlflow_server,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     test = store.find(NAME).tests[0]
     assert test.verdict == "confirmed", test.tags.get("hyprun.reason")
@@ -88,9 +111,18 @@ def test_baseline_and_test_reach_a_verdict_through_slurm(investigation, mlflow_s
 def test_sweep_of_four_trials_runs_as_one_job_array(investigation, mlflow_server):
     folder, store = investigation
     before = store.find(NAME)
-    done = hyprun("sweep", "optim.lr=tag(log, interval(1e-4, 1e-2))", "--trials", "4", "--why",
-                  "I think the LR is off because loss is flat", "--investigation", NAME,
-                  cwd=folder, uri=mlflow_server)  # fmt: skip
+    done = hyprun(
+        "sweep",
+        "optim.lr=tag(log, interval(1e-4, 1e-2))",
+        "--trials",
+        "4",
+        "--why",
+        "I think the LR is off because loss is flat",
+        "--investigation",
+        NAME,
+        cwd=folder,
+        uri=mlflow_server,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     state = store.find(NAME)
     sweep = state.tests[-1]
@@ -111,8 +143,17 @@ def test_scancel_of_a_running_test_is_an_error_not_a_strike(investigation, mlflo
     folder, store = investigation
     before = store.find(NAME)
     why = "I think the LR is low because loss is flat"
-    command = hyprun("test", "optim.lr=2e-3", "--why", why, "--investigation", NAME,
-                     cwd=folder, uri=mlflow_server, wait=False)  # fmt: skip
+    command = hyprun(
+        "test",
+        "optim.lr=2e-3",
+        "--why",
+        why,
+        "--investigation",
+        NAME,
+        cwd=folder,
+        uri=mlflow_server,
+        wait=False,
+    )
     test = new_test(store, len(before.tests))
     jobs = test.tags["slurm.jobs"].split(",")
     _wait_for(lambda: sacct_states(jobs).get(jobs[0]) == "RUNNING", "a running job")
@@ -133,15 +174,25 @@ def test_requeued_and_time_limited_jobs_resume_and_match_an_uninterrupted_run(
     before = store.find(NAME)
     delta = "optim.lr=5e-4"
     why = "I think the LR is high because loss spikes"
-    command = hyprun("test", delta, "--why", why, "--investigation", NAME,
-                     cwd=folder, uri=mlflow_server, wait=False)  # fmt: skip
+    command = hyprun(
+        "test",
+        delta,
+        "--why",
+        why,
+        "--investigation",
+        NAME,
+        cwd=folder,
+        uri=mlflow_server,
+        wait=False,
+    )
     test = new_test(store, len(before.tests))
     job = test.tags["slurm.jobs"].split(",")[0]
 
     def evaluated_once() -> bool:
         runs = seed_runs(store, test.run_id)
-        return len(runs) == 2 and all(metric_history(mlflow_server, r, "eval/loss")
-                                      for r in runs.values())  # fmt: skip
+        return len(runs) == 2 and all(
+            metric_history(mlflow_server, r, "eval/loss") for r in runs.values()
+        )
 
     _wait_for(evaluated_once, "both seeds' first held-out loss")
     subprocess.run(["scontrol", "requeue", job], check=True)  # as preemption does
@@ -198,12 +249,25 @@ def test_launcher_configs_submit_a_hydra_multirun(mlflow_server, tmp_path):
     """`python -m runner.train -m ... hydra/launcher=slurm_cpu`: hydra-submitit-launcher runs
     each job of the sweep on Slurm with the same launcher config the controller uses."""
     done = subprocess.run(
-        [sys.executable, "-m", "runner.train", "-m", "hydra/launcher=slurm_cpu",
-         "budget.tokens=2048", "budget.eval_every_tokens=1024", "budget.eval_sequences=16",
-         "optim.lr=1e-3,3e-3", "tracking.experiment=multirun", f"hydra.sweep.dir={tmp_path}/m"],
-        cwd=tmp_path, env=python_env(MLFLOW_TRACKING_URI=mlflow_server), capture_output=True,
-        text=True, timeout=600,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "runner.train",
+            "-m",
+            "hydra/launcher=slurm_cpu",
+            "budget.tokens=2048",
+            "budget.eval_every_tokens=1024",
+            "budget.eval_sequences=16",
+            "optim.lr=1e-3,3e-3",
+            "tracking.experiment=multirun",
+            f"hydra.sweep.dir={tmp_path}/m",
+        ],
+        cwd=tmp_path,
+        env=python_env(MLFLOW_TRACKING_URI=mlflow_server),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     client = MlflowClient(mlflow_server)
     runs = client.search_runs([client.get_experiment_by_name("multirun").experiment_id])
@@ -217,10 +281,20 @@ def test_hostile_names_and_overrides_never_reach_a_shell(mlflow_server, tmp_path
     marker = tmp_path / "pwned"
     hostile = f"x$(touch {marker}); `touch {marker}` \"q\" 'q'\ntouch {marker}"
     quoted = hostile.replace("\\", "\\\\").replace("'", "\\'")
-    done = hyprun("baseline", "budget.tokens=2048", "budget.eval_every_tokens=1024",
-                  "budget.eval_sequences=16", "hydra/launcher=slurm_cpu",
-                  f"checkpoint.dir='{tmp_path}/{quoted}'", "--seeds", "1",
-                  "--investigation", hostile, cwd=tmp_path, uri=mlflow_server)  # fmt: skip
+    done = hyprun(
+        "baseline",
+        "budget.tokens=2048",
+        "budget.eval_every_tokens=1024",
+        "budget.eval_sequences=16",
+        "hydra/launcher=slurm_cpu",
+        f"checkpoint.dir='{tmp_path}/{quoted}'",
+        "--seeds",
+        "1",
+        "--investigation",
+        hostile,
+        cwd=tmp_path,
+        uri=mlflow_server,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert not marker.exists()
     state = Store(mlflow_server, "hyprun").find(hostile)
@@ -228,6 +302,10 @@ def test_hostile_names_and_overrides_never_reach_a_shell(mlflow_server, tmp_path
     params = MlflowClient(mlflow_server).get_run(seed).data.params
     assert params["checkpoint.dir"] == f"{tmp_path}/{hostile}"
     job = MlflowClient(mlflow_server).get_run(seed).data.tags["slurm.job_id"]
-    name = subprocess.run(["sacct", "-X", "-n", "-P", "-o", "JobName", "-j", job.split("_")[0]],
-                          capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    name = subprocess.run(
+        ["sacct", "-X", "-n", "-P", "-o", "JobName", "-j", job.split("_")[0]],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     assert name.startswith("hyprun-x-touch-") and "\n" not in name and "$" not in name

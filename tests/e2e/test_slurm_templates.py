@@ -23,8 +23,13 @@ TEMPLATES = ["slurm/8xa100.sbatch", "slurm/multinode.sbatch"]
 # Two CPU ranks (one per CPU) instead of eight GPUs.
 FIT_HERE = ["--ntasks-per-node=2", "--gpus-per-node=0", "--cpus-per-task=1", "--time=5"]
 # 16 steps of at least 0.4 s: time to signal the job between its first eval and its end.
-TINY = ["budget=tiny", "budget.tokens=32768", "budget.eval_every_tokens=4096",
-        "budget.eval_sequences=32", "data.source.loader_delay_ms=400"]  # fmt: skip
+TINY = [
+    "budget=tiny",
+    "budget.tokens=32768",
+    "budget.eval_every_tokens=4096",
+    "budget.eval_sequences=32",
+    "data.source.loader_delay_ms=400",
+]
 
 
 @pytest.mark.parametrize("template", TEMPLATES)
@@ -40,8 +45,16 @@ def test_8xa100_template_requeues_itself_and_resumes_on_the_local_cluster(tmp_pa
     MlflowClient(uri).create_experiment("hyprun", artifact_location=str(tmp_path / "artifacts"))
     env = python_env(MLFLOW_TRACKING_URI=uri, DS_ACCELERATOR="cpu", HYPRUN_PYTHON=sys.executable)
     out = tmp_path / "job.out"
-    submit = ["sbatch", "--parsable", *FIT_HERE, f"--output={out}", "slurm/8xa100.sbatch", *TINY,
-              f"checkpoint.dir={tmp_path}/ckpt", f"hydra.run.dir={tmp_path}/hydra"]  # fmt: skip
+    submit = [
+        "sbatch",
+        "--parsable",
+        *FIT_HERE,
+        f"--output={out}",
+        "slurm/8xa100.sbatch",
+        *TINY,
+        f"checkpoint.dir={tmp_path}/ckpt",
+        f"hydra.run.dir={tmp_path}/hydra",
+    ]
     job = _run(submit, cwd=ROOT, env=env).split(";")[0]
     try:
         # The first held-out loss is out: the job is in its training loop, its handler set.
@@ -82,8 +95,9 @@ def _read(path: Path) -> str:
 
 def _squeue(job: str) -> str:
     """The job's state while Slurm schedules it; empty once it has ended."""
-    return subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True,
-                          text=True).stdout.strip()  # fmt: skip
+    return subprocess.run(
+        ["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True
+    ).stdout.strip()
 
 
 def _attempts(job: str) -> list[str]:
