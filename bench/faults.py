@@ -30,7 +30,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from runner.controller import (
+from runner.control.controller import (
     DEFAULT_PRIMARY,
     Refused,
     claim,
@@ -39,9 +39,10 @@ from runner.controller import (
     record_baseline,
     record_verdict,
 )
-from runner.delta import measure
-from runner.investigation import STRIKES, State, Store
-from runner.train import JobResult, run
+from runner.control.one_variable import measure
+from runner.job.result import JobResult
+from runner.job.train import run
+from runner.store.investigation import STRIKES, State, Store
 from tests.helpers import free_port, python_env, start_mlflow_server
 
 # 16 steps of >= 0.25 s each: a window to kill a job or stop its server mid-run.
@@ -109,7 +110,7 @@ def crash(store: Store, folder: Path, rng: random.Random) -> Survived:
     command = [
         sys.executable,
         "-m",
-        "runner.cli",
+        "runner.cli.main",
         "test",
         "optim.lr=3e-3",
         "--why",
@@ -187,7 +188,7 @@ def outage(folder: Path, outage_s: float) -> Survived:
         [
             sys.executable,
             "-m",
-            "runner.train",
+            "runner.job.train",
             *BUDGET,
             "tracking.experiment=outage",
             f"checkpoint.dir={folder}/ckpt",

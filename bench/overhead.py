@@ -5,7 +5,7 @@
 
 Both sides train the same model on the same data with the same DeepSpeed config. The bare loop
 reads a batch from the data source, then `engine(x, y); engine.backward(loss); engine.step()`;
-hyprun's sides are `runner.train.run` with its metrics to MLflow and its L1 probes off, at the
+hyprun's sides are `runner.job.train.run` with its metrics to MLflow and its L1 probes off, at the
 default interval and at every step, timed per step by the job itself (everything inside the
 loop but evaluation and checkpoints). Rounds alternate the two sides so
 that drifts of a shared machine hit both; medians resist the noise of a small shared CPU.
@@ -23,11 +23,11 @@ import torch
 from hydra.utils import instantiate
 from mlflow.tracking import MlflowClient
 
-from runner import dist as distributed
 from runner.compose import compose
-from runner.engine import build_engine
-from runner.optim import build_optimizer
-from runner.train import run
+from runner.job import dist as distributed
+from runner.job.engine import build_engine
+from runner.job.optim import build_optimizer
+from runner.job.train import run
 
 PEAK_BF16_FLOPS = {"A100": 312e12, "H100": 989e12, "H200": 989e12}  # dense, per GPU
 

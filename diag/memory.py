@@ -120,7 +120,7 @@ def _shape(model: dict) -> dict[str, Any]:
 def count_params(model: dict, non_embedding: bool = False, active: bool = False) -> int:
     """Parameters of the built-in GPT from its config, tied weights counted once.
 
-    Mirrors runner.models.GPT.num_params without building the model, so a 1B config can be
+    Mirrors runner.job.models.GPT.num_params without building the model, so a 1B config can be
     checked on a laptop. `non_embedding` drops the token and position tables; `active` counts
     only the top_k experts a token passes through (what its FLOPs touch).
     """

@@ -1,6 +1,6 @@
 """In-job L1 probes: statistics of gradients, parameters, activations and attention.
 
-Pure torch over tensors and modules; the job (runner/instrument.py) decides when they run and
+Pure torch over tensors and modules; the job (runner/job/instrument.py) decides when they run and
 gathers sharded tensors first. Everything here is off the normal path: hooks exist only during
 a probed forward pass, and the model's own capture switches are off otherwise.
 """

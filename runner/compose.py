@@ -66,7 +66,7 @@ def _composition(e: ConfigCompositionException) -> str:
         key = text.split("'")[1]
         return (
             f"unknown config key {key!r}: check its spelling against "
-            f"`python -m runner.train --cfg job`, or add a new key with '+{key}=...'"
+            f"`python -m runner.job.train --cfg job`, or add a new key with '+{key}=...'"
         )
     if text.startswith("Could not append to config"):
         return f"{one_line(e)}: drop the '+' to override an existing key"

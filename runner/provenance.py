@@ -7,8 +7,11 @@ import platform
 import subprocess
 from importlib import metadata
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
+
 
 PACKAGES = ("torch", "deepspeed", "mlflow", "hydra-core", "optuna")
 SOURCE_ROOT = Path(__file__).resolve().parent.parent
@@ -31,6 +34,8 @@ def git_state(root: Path = SOURCE_ROOT) -> tuple[str, bool]:
 
 
 def tags(world: int, device: torch.device) -> dict[str, str]:
+    import torch  # only a job calls this: commands that do not train never import torch
+
     sha, dirty = git_state()
     found = {
         "hyprun.git_sha": sha,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from bench.diagnosis.faults import GPTWithBiasedRouter, GPTWithSharpAttention
-from runner.models import GPT
+from runner.job.models import GPT
 
 __all__ = ["GPTWithBiasedRouter", "GPTWithNaN", "GPTWithSharpAttention", "GPTWithoutResiduals"]
 

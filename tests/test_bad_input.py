@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from runner.cli import main as hyprun
+from runner.cli.main import main as hyprun
 from tests.helpers import ROOT, python_env
 
 CASES = {
@@ -45,7 +45,7 @@ def test_hyprun_train_refuses(workdir, capsys, overrides, expected):
 def test_python_m_runner_train_refuses(tmp_path: Path, case: str):
     overrides, expected = CASES[case]
     done = subprocess.run(
-        [sys.executable, "-m", "runner.train", *overrides],
+        [sys.executable, "-m", "runner.job.train", *overrides],
         cwd=tmp_path,
         env=python_env(),
         capture_output=True,
@@ -234,8 +234,8 @@ def recorded(workdir, monkeypatch):
     import json
 
     from runner import provenance
-    from runner.controller import drift_key
-    from runner.investigation import Store
+    from runner.control.controller import drift_key
+    from runner.store.investigation import Store
 
     uri = f"sqlite:///{workdir}/mlflow.db"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
@@ -294,8 +294,8 @@ def test_a_drifted_baseline_is_not_compared_against(recorded, capsys, name, expe
 def test_a_corrupt_checkpoint_is_refused(workdir, capsys, damage):
     """A checkpoint folder left broken (a torn write, a disk fault): one line saying how to start
     over, and nothing recorded."""
-    from runner.checkpoint import config_hash
     from runner.compose import compose
+    from runner.job.checkpoint import config_hash
 
     overrides = [f"checkpoint.dir={workdir}/ckpt", "budget.tokens=4096"]
     cfg = compose(overrides)

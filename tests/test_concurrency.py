@@ -10,9 +10,9 @@ import sys
 import pytest
 
 from bench.faults import RACERS, notice_count, notifying_baseline, race
-from runner import controller
-from runner.controller import EXIT_ESCALATED
-from runner.investigation import STRIKES, Store
+from runner.control import controller
+from runner.control.controller import EXIT_ESCALATED
+from runner.store.investigation import STRIKES, Store
 from tests.helpers import python_env
 
 WHY = "I think [cause] because [evidence]"
@@ -65,7 +65,7 @@ def test_two_commands_started_together_cannot_both_take_the_last_strike(mlflow_s
     command = [
         sys.executable,
         "-m",
-        "runner.cli",
+        "runner.cli.main",
         "test",
         "--why",
         WHY,

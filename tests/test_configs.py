@@ -11,10 +11,10 @@ import torch
 from hydra.utils import instantiate
 
 from runner.compose import compose
-from runner.engine import deepspeed_config
-from runner.optim import build_optimizer
-from runner.schedules import Constant, Cosine, CosineWarmRestarts, WarmupStableDecay
-from runner.validate import validate
+from runner.job.engine import deepspeed_config
+from runner.job.optim import build_optimizer
+from runner.job.schedules import Constant, Cosine, CosineWarmRestarts, WarmupStableDecay
+from runner.job.validate import validate
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
 GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir() and p.name != "__pycache__")

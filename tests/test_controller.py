@@ -10,13 +10,13 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 import pytest
 from mlflow.tracking import MlflowClient
 
-from runner import controller
-from runner.cli import main as hyprun
-from runner.controller import Refused, claim, record_baseline
-from runner.delta import measure
+from runner.cli.main import main as hyprun
+from runner.control import controller
+from runner.control.controller import Refused, claim, record_baseline
+from runner.control.notify import notify
+from runner.control.one_variable import measure
 from runner.errors import BadInput
-from runner.investigation import Store
-from runner.notify import notify
+from runner.store.investigation import Store
 
 SHORT = ["budget.tokens=16384", "budget.eval_every_tokens=4096", "probes.every_steps=4"]
 WHY = "I think [cause] because [evidence]"
@@ -144,7 +144,7 @@ def test_verdicts_strikes_escalation_and_reset(store, low_lr, workdir, webhook, 
     assert "Is the data sufficient" in text and "optim.lr=1e-07" in text
     assert client.get_run(state.tests[1].run_id).info.run_name.endswith("· rejected")
 
-    from runner.report import write_report
+    from runner.cli.report import write_report
 
     markdown, page = write_report(store, state, workdir / "report")
     assert "| H3 | `optim.lr=1e-07` | rejected |" in markdown.read_text()
@@ -234,8 +234,8 @@ def test_verify_promotes_the_fix_to_the_baseline(store, low_lr):
 
 def test_a_a_extra_seeds_posing_as_a_hypothesis_are_never_confirmed(store, low_lr):
     """The same config under other seeds: whatever the verdict, it must not be `confirmed`."""
-    from runner.controller import DEFAULT_PRIMARY, decide, job_config
-    from runner.train import run
+    from runner.control.controller import DEFAULT_PRIMARY, decide, job_config
+    from runner.job.train import run
 
     parent = low_lr.run_id
     others = [

@@ -15,8 +15,8 @@ import time
 import pytest
 
 from bench.faults import uninterrupted
-from runner.controller import DEFAULT_PRIMARY, decide, record_baseline
-from runner.investigation import Store
+from runner.control.controller import DEFAULT_PRIMARY, decide, record_baseline
+from runner.store.investigation import Store
 from tests.helpers import metric_history, python_env
 
 # 16 steps of >= 0.25 s each: a window to kill the test's jobs mid-run.
@@ -35,7 +35,7 @@ def hyprun_test(workdir, uri: str) -> subprocess.Popen:
         [
             sys.executable,
             "-m",
-            "runner.cli",
+            "runner.cli.main",
             "test",
             "optim.lr=3e-3",
             "--why",

@@ -1,4 +1,4 @@
-"""Tests for runner.data: stream determinism, loader layout, synthetic language and its knobs."""
+"""Tests for runner.job.data: stream determinism, loader layout, synthetic language, its knobs."""
 
 from __future__ import annotations
 
@@ -11,8 +11,15 @@ import numpy as np
 import pytest
 import torch
 
-from runner.data import IGNORE_INDEX, Synthetic, TextFile, TokenFile, build_loader, heldout_batches
-from runner.data.synthetic import build_pools
+from runner.job.data import (
+    IGNORE_INDEX,
+    Synthetic,
+    TextFile,
+    TokenFile,
+    build_loader,
+    heldout_batches,
+)
+from runner.job.data.synthetic import build_pools
 
 SMALL = dict(vocab_size=64, seq_len=32, n_train=512, n_heldout=64)
 
@@ -127,7 +134,7 @@ def test_sources_pickle_small(tmp_path):
 
 def test_hydra_instantiates_sources():
     hydra_utils = pytest.importorskip("hydra.utils")
-    source = hydra_utils.instantiate({"_target_": "runner.data.Synthetic", **SMALL})
+    source = hydra_utils.instantiate({"_target_": "runner.job.data.Synthetic", **SMALL})
     assert isinstance(source, Synthetic) and source.seq_len == 32
 
 

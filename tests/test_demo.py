@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from mlflow.tracking import MlflowClient
 
-from runner.demo import run_demo
-from runner.investigation import Store
+from runner.cli.demo import run_demo
+from runner.store.investigation import Store
 
 
 def test_demo_fixes_one_fault_and_escalates_the_other(workdir):

@@ -1,4 +1,4 @@
-"""Behavioural tests for runner.models.GPT (tiny CPU configs, whole file well under a minute)."""
+"""Behavioural tests for runner.job.models.GPT (tiny CPU configs, the file well under a minute)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from runner.models import GPT
-from runner.models.gpt import CausalSelfAttention, MoE, Rotary, default_d_ff
+from runner.job.models import GPT
+from runner.job.models.gpt import CausalSelfAttention, MoE, Rotary, default_d_ff
 
 VOCAB, SEQ = 64, 16
 TINY = dict(vocab_size=VOCAB, seq_len=SEQ, n_layer=2, n_head=4, d_model=32)

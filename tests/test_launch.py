@@ -8,11 +8,18 @@ import time
 
 import pytest
 
-from runner import dist
-from runner.controller import where_tests_run
+from runner.control.controller import where_tests_run
 from runner.errors import BadInput
-from runner.investigation import State
-from runner.launch import InProcess, Slurm, launcher_for, launcher_params, safe_name, split
+from runner.job import dist
+from runner.launch.launchers import (
+    InProcess,
+    Slurm,
+    launcher_for,
+    launcher_params,
+    safe_name,
+    split,
+)
+from runner.store.investigation import State
 
 
 def test_launcher_overrides_are_split_from_the_job_and_compose_hydra_submitit_configs(tmp_path):

@@ -9,7 +9,7 @@ import sys
 import pytest
 from mlflow.tracking import MlflowClient
 
-from runner.train import run
+from runner.job.train import run
 from tests.helpers import free_port, job_config, metric_history, python_env
 
 BUDGET = ["budget.tokens=8192", "budget.eval_every_tokens=4096", "ds.zero_stage=2"]
@@ -22,7 +22,9 @@ LAUNCHERS = {
 @pytest.mark.parametrize("launcher", LAUNCHERS)
 def test_zero2_two_processes_match_one(workdir, launcher):
     uri = f"sqlite:///{workdir}/mlflow.db"
-    module = ["--module", "runner.train"] if launcher == "deepspeed" else ["-m", "runner.train"]
+    module = (
+        ["--module", "runner.job.train"] if launcher == "deepspeed" else ["-m", "runner.job.train"]
+    )
     command = [
         sys.executable,
         *LAUNCHERS[launcher],

@@ -66,7 +66,7 @@ def _job_logging_to_a_server(folder, *overrides: str):
         [
             sys.executable,
             "-m",
-            "runner.train",
+            "runner.job.train",
             *BUDGET,
             *overrides,
             f"checkpoint.dir={folder}/ckpt",
@@ -105,7 +105,7 @@ def test_a_server_that_never_returns_leaves_the_evidence_and_the_upload_command(
     server = start_mlflow_server(tmp_path, port)
     try:
         done = subprocess.run(
-            [sys.executable, "-m", "runner.cli", "upload", str(spool), "--uri", uri],
+            [sys.executable, "-m", "runner.cli.main", "upload", str(spool), "--uri", uri],
             cwd=tmp_path,
             env=python_env(),
             capture_output=True,

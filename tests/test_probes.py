@@ -9,8 +9,8 @@ import pytest
 import torch
 from hydra.utils import instantiate
 
-from runner.data.loader import build_loader
-from runner.train import run
+from runner.job.data.loader import build_loader
+from runner.job.train import run
 from tests.helpers import job_config, metric_history
 
 
@@ -100,7 +100,7 @@ def test_nan_is_traced_to_the_module_that_made_it(workdir):
 
 def test_layer_profile_decomposes_a_step(workdir):
     from runner.compose import compose
-    from runner.profile import profile_layers
+    from runner.job.profile import profile_layers
 
     found = profile_layers(compose(["model.n_layer=3"]), steps=2, warmup=1)
     assert {"blocks.0", "blocks.1", "blocks.2", "lm_head"} <= found.keys()

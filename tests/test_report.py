@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from mlflow.entities import Metric, Param
 
-from runner.investigation import State, Store
-from runner.report import write_report
+from runner.cli.report import write_report
+from runner.store.investigation import State, Store
 
 BUDGET = 4096
 MARKS = (1024, 2048, 3072, 4096)

@@ -14,8 +14,8 @@ from diag.dedup import exact_duplicate_ratio, near_duplicate_ratio, overlap_rati
 from diag.memory import activation_bytes, count_params, estimate_memory
 from diag.static import DataSample, DeviceInfo, device_info, run_checks, worst
 from runner.compose import compose
-from runner.data import Synthetic
-from runner.models import GPT
+from runner.job.data import Synthetic
+from runner.job.models import GPT
 
 A100_40 = DeviceInfo("A100-40GB", memory_gb=40.0, link_gbps=2400.0, world=8)
 LAPTOP = DeviceInfo("cpu", memory_gb=16.0, link_gbps=None, world=1)

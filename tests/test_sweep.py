@@ -11,10 +11,17 @@ import pytest
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
 from diag.verdict import MetricSpec, bonferroni_z, compare
-from runner.controller import record_baseline
+from runner.control.controller import record_baseline
+from runner.control.sweep import (
+    BaselinePruner,
+    TrialWatch,
+    distribution,
+    one_variable,
+    parse,
+    sweep,
+)
 from runner.errors import BadInput
-from runner.investigation import Store
-from runner.sweep import BaselinePruner, TrialWatch, distribution, one_variable, parse, sweep
+from runner.store.investigation import Store
 
 SPEC = MetricSpec("eval/loss", "min", 0.01)
 

@@ -8,7 +8,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from runner.errors import BadInput
-from runner.train import run
+from runner.job.train import run
 from tests.helpers import job_config, metric_history
 
 

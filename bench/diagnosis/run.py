@@ -123,10 +123,10 @@ def _investigate(
     scenario: Scenario, workdir: Path, seeds: int, common: list[str], result: dict[str, Any]
 ) -> None:
     from hypotheses.schema import load_cards
-    from runner import controller
-    from runner.diagnose import diagnose
+    from runner.control import controller
+    from runner.control.diagnose import diagnose
     from runner.errors import BadInput
-    from runner.investigation import Store
+    from runner.store.investigation import Store
 
     store = Store(f"sqlite:///{workdir}/mlflow.db", EXPERIMENT)
     name = scenario.name

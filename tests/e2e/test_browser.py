@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from runner import controller
-from runner.controller import record_baseline
-from runner.investigation import Store
-from runner.report import write_report
+from runner.cli.report import write_report
+from runner.control import controller
+from runner.control.controller import record_baseline
+from runner.store.investigation import Store
 from tests.e2e import browser
 
 NAME = "in-a-browser"

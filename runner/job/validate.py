@@ -7,8 +7,8 @@ import math
 import torch
 from omegaconf import DictConfig
 
-from runner.engine import PRECISIONS
 from runner.errors import BadInput
+from runner.job.engine import PRECISIONS
 
 
 def validate(cfg: DictConfig) -> None:
@@ -42,7 +42,7 @@ def reachable(uri: str, timeout_s: float = 5.0) -> None:
     import socket
     from urllib.parse import urlsplit
 
-    from runner.tracking import redact
+    from runner.store.tracking import redact
 
     parts = urlsplit(uri)
     if parts.scheme not in ("http", "https"):

@@ -2,7 +2,7 @@
 
 The launcher is chosen the way Hydra chooses one: `hydra/launcher=slurm_8xa100` among the
 overrides, plus any `hydra.launcher.KEY=VALUE`, composed from `conf/hydra/launcher/` (configs built
-on hydra-submitit-launcher, so `python -m runner.train -m ...` uses the same ones). Without a
+on hydra-submitit-launcher, so `python -m runner.job.train -m ...` uses the same ones). Without a
 launcher override the jobs run here, one after another.
 
 Either way each job records into MLflow, and results are read back from there: a Slurm job is
@@ -25,7 +25,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from runner import provenance
 from runner.errors import BadInput
-from runner.train import JobResult
+from runner.job.result import JobResult
+from runner.store.tracking import RunReader
 
 GROUP, KEYS = "hydra/launcher=", "hydra.launcher."
 # Refused in launcher values (setup lines are shell by design): no partition, account, QoS or
@@ -145,7 +146,7 @@ class InProcess:
         jobs: Sequence[Job],
         submitted: Callable[[list[str]], None] | None = None,
     ) -> list[Outcome]:
-        from runner.train import run
+        from runner.job.train import run
 
         outcomes: list[Outcome] = []
         stopped: set[str] = set()
@@ -172,8 +173,8 @@ class TrainJob:
     def __call__(self) -> JobResult:
         import os
 
-        from runner import dist
-        from runner.train import run
+        from runner.job import dist
+        from runner.job.train import run
 
         dist.forget_submitter()
         result = run(OmegaConf.create(self.config))
@@ -239,7 +240,6 @@ class Slurm:
         jobs: Sequence[Job],
         submitted: Callable[[list[str]], None] | None = None,
     ) -> list[Outcome]:
-        from mlflow.tracking import MlflowClient
 
         executor = self.executor()
         with executor.batch():  # one job array
@@ -250,24 +250,22 @@ class Slurm:
         running = [_Running(job, handle) for job, handle in zip(jobs, handles, strict=True)]
         if submitted:
             submitted([r.slurm_id for r in running])
-        client = MlflowClient(jobs[0].config.tracking.uri)
+        runs = RunReader(jobs[0].config.tracking.uri)
         while not all(r.done for r in running):
             time.sleep(self.poll_s)
             states = sacct_states([r.slurm_id for r in running])
             for r in running:
                 if not r.done:
                     r.state = states.get(r.slurm_id, r.state)
-                    self._advance(r, running, client)
+                    self._advance(r, running, runs)
         return [r.outcome for r in running]
 
-    def _advance(self, r: _Running, running: list[_Running], client) -> None:
+    def _advance(self, r: _Running, running: list[_Running], runs: RunReader) -> None:
         """Read a job's new held-out losses, and its outcome once Slurm says it is over."""
         if r.run_id is None:
-            r.run_id = _find_run(client, r.job)
+            r.run_id = runs.seed_run(r.job.config.tracking.parent_run_id, r.job.seed)
         if r.run_id is not None and r.job.on_eval is not None and not r.cancelled:
-            history = sorted(
-                (m.step, m.value) for m in client.get_metric_history(r.run_id, "eval/loss")
-            )
+            history = runs.history(r.run_id, "eval/loss")
             for tokens, value in history[r.seen :]:
                 if r.job.on_eval(tokens, value):
                     self._cancel([o for o in running if o.job.group == r.job.group])
@@ -275,7 +273,7 @@ class Slurm:
             r.seen = len(history)
         if r.state == "COMPLETED" or (r.cancelled and r.state not in WAITING):
             r.done = True
-            r.outcome = result_of(client, r.run_id) if r.run_id else None
+            r.outcome = result_of(runs.run(r.run_id)) if r.run_id else None
             if r.cancelled and r.outcome is not None and r.outcome.status == "interrupted":
                 r.outcome = replace(r.outcome, status="stopped")  # we stopped it
         elif r.state in FAILED:
@@ -291,22 +289,11 @@ class Slurm:
                 subprocess.run(["scancel", r.slurm_id], check=False, timeout=60)
 
 
-def _find_run(client, job: Job) -> str | None:
-    tracking = job.config.tracking
-    found = client.search_runs(
-        [client.get_run(tracking.parent_run_id).info.experiment_id],
-        filter_string=f"tags.mlflow.parentRunId = '{tracking.parent_run_id}' "
-        f"and tags.`hyprun.seed` = '{job.seed}'",
-    )
-    return found[0].info.run_id if found else None
-
-
-def result_of(client, run_id: str) -> JobResult:
+def result_of(run) -> JobResult:
     """A finished job's result as its MLflow run records it."""
-    run = client.get_run(run_id)
     tags, metrics = run.data.tags, run.data.metrics
     return JobResult(
-        run_id=run_id,
+        run_id=run.info.run_id,
         status=tags.get("hyprun.outcome", "interrupted"),
         steps=int(tags.get("hyprun.steps", 0)),
         tokens=int(tags.get("hyprun.tokens", 0)),

@@ -15,20 +15,16 @@ Opened from disk the page runs no network request.
 from __future__ import annotations
 
 import html
-import json
 import re
 import statistics
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import matplotlib
+from matplotlib.figure import Figure
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-from runner.investigation import STRIKES, State, Store, Test  # noqa: E402
+from runner.store.investigation import STRIKES, State, Store, Test
+from runner.store.tracking import redact
 
 ARTIFACT_DIR = "report"
 """Where on the parent run the report is logged."""
@@ -111,10 +107,10 @@ def write_report(store: Store, state: State, out: Path) -> tuple[Path, Path]:
         if (p := plot(store, state, metric, out / f"{stem}.png"))
     ]
     markdown, page = out / "report.md", out / "report.html"
-    markdown.write_text(render_markdown(report))
-    page.write_text(render_html(report))
+    markdown.write_text(redact(render_markdown(report)))
+    page.write_text(redact(render_html(report)))
     for path in [markdown, page, *report.images]:
-        store.client.log_artifact(state.run_id, str(path), ARTIFACT_DIR)
+        store.attach(state.run_id, path, ARTIFACT_DIR)
     return markdown, page
 
 
@@ -123,8 +119,8 @@ def write_report(store: Store, state: State, out: Path) -> tuple[Path, Path]:
 
 def gather(store: Store, state: State) -> Report:
     """The report's content, read from the investigation's runs and artifacts in MLflow."""
-    parent = store.client.get_run(state.run_id)
-    diagnosis = _json_artifact(store, state.run_id, "diagnosis.json") or {}
+    parent = store.run(state.run_id)
+    diagnosis = store.json_artifact(state.run_id, "diagnosis.json") or {}
     budget = _budget(store, state)
     rows = [_test_row(store, t, budget, state.baseline) for t in state.tests]
     hypotheses = Table(
@@ -255,7 +251,7 @@ def _features_table(features: dict[str, dict]) -> Table:
 def _test_row(store: Store, test: Test, budget: int | None, baseline: dict | None) -> TestRow:
     """One test's row: its verdict.json, its metrics and the tokens its seed jobs trained."""
     verdict = _verdict(store, test)
-    metrics = store.client.get_run(test.run_id).data.metrics
+    metrics = store.run(test.run_id).data.metrics
     effect = metrics.get("effect", verdict.get("effect"))
     noise = metrics.get("noise", verdict.get("noise"))
     shown = "—"
@@ -263,7 +259,7 @@ def _test_row(store: Store, test: Test, budget: int | None, baseline: dict | Non
         shown = f"{effect * 100:+.2f}%" + (f" ± {noise * 100:.2f}%" if noise is not None else "")
         if verdict.get("z") is not None:
             shown += f" (z {verdict['z']:.1f})"
-    jobs = _jobs_below(store, test.run_id)
+    jobs = store.jobs_below(test.run_id)
     spent = sum(int(r.data.tags.get("hyprun.tokens", 0)) for r in jobs)
     trials = max(1, len(verdict.get("trials", [])))
     seeds = (baseline or {}).get("seeds", len(jobs))
@@ -300,40 +296,16 @@ def _measured(verdict: dict[str, Any]) -> str:
 def _budget(store: Store, state: State) -> int | None:
     """Tokens one seed job may train (the baseline seed runs' `budget.tokens`)."""
     for run_id in (state.baseline or {}).get("seed_runs", []):
-        value = store.client.get_run(run_id).data.params.get("budget.tokens")
+        value = store.run(run_id).data.params.get("budget.tokens")
         if value is not None:
             return int(float(value))
     return None
 
 
-def _jobs_below(store: Store, run_id: str) -> list:
-    """The seed jobs below a test: its own, or its sweep trials'."""
-    experiment = store.client.get_run(run_id).info.experiment_id
-    found, level = [], [run_id]
-    while level:
-        children = []
-        for parent in level:
-            where = f"tags.mlflow.parentRunId = '{parent}'"
-            children += store.client.search_runs([experiment], where, max_results=5000)
-        found += [r for r in children if "hyprun.seed" in r.data.tags]
-        level = [r.info.run_id for r in children if "hyprun.seed" not in r.data.tags]
-    return found
-
-
 def _verdict(store: Store, test: Test) -> dict[str, Any]:
     if test.verdict in ("running", "refused", "error"):
         return {}
-    return _json_artifact(store, test.run_id, "verdict.json") or {}
-
-
-def _json_artifact(store: Store, run_id: str, path: str) -> dict[str, Any] | None:
-    """A JSON artifact of a run, or None when it was never logged (older runs)."""
-    with tempfile.TemporaryDirectory() as folder:
-        try:
-            local = store.client.download_artifacts(run_id, path, folder)
-        except Exception:
-            return None
-        return json.loads(Path(local).read_text())
+    return store.json_artifact(test.run_id, "verdict.json") or {}
 
 
 def _num(value: Any) -> str:
@@ -370,7 +342,8 @@ def plot(store: Store, state: State, metric: str, path: Path) -> Path | None:
     base = _band(store, state.baseline["seed_runs"], metric) if state.baseline else None
     if base is None:
         return None
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig = Figure(figsize=(7, 4))  # no pyplot: no GUI backend, no global figure state
+    ax = fig.subplots()
     marks, mean, low, high = base
     ax.fill_between(marks, low, high, alpha=0.25, color="gray", label="baseline seeds (min-max)")
     ax.plot(marks, mean, color="black", marker=".", label="baseline mean")
@@ -387,7 +360,6 @@ def plot(store: Store, state: State, metric: str, path: Path) -> Path | None:
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
-    plt.close(fig)
     return path
 
 

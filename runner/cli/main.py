@@ -14,7 +14,7 @@ import time
 from rich.console import Console
 
 from runner.errors import BadInput, JobsFailed
-from runner.tracking import TrackingOffline
+from runner.store.tracking import TrackingOffline
 
 console = Console(stderr=True, highlight=False, soft_wrap=True)
 
@@ -22,7 +22,7 @@ console = Console(stderr=True, highlight=False, soft_wrap=True)
 def cmd_train(args: argparse.Namespace) -> int:
     """One controlled job in this process, configured by Hydra overrides."""
     from runner.compose import compose
-    from runner.train import EXIT_INTERRUPTED, run
+    from runner.job.train import EXIT_INTERRUPTED, run
 
     cfg = compose(args.overrides)
     if cfg.tracking.run_name is None:
@@ -33,7 +33,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """The CPU demo: a planted fault diagnosed, tested and fixed; a data problem that escalates."""
-    from runner.demo import run_demo
+    from runner.cli.demo import run_demo
 
     run_demo(_store([*args.overrides, "tracking.experiment=hyprun-demo"]), seeds=args.seeds)
     return 0
@@ -45,7 +45,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
     from diag.static import device_info
     from runner.compose import compose
-    from runner.diagnose import render_checks, static_checks, this_device
+    from runner.control.diagnose import render_checks, static_checks, this_device
 
     config = OmegaConf.to_container(compose(args.overrides), resolve=True)
     device = this_device(args.world)
@@ -64,7 +64,7 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     from omegaconf import OmegaConf
 
     from runner.compose import compose
-    from runner.diagnose import diagnose, render_checks, render_diagnosis
+    from runner.control.diagnose import diagnose, render_checks, render_diagnosis
 
     tracking = compose([]).tracking
     uri = args.uri or OmegaConf.select(tracking, "uri")
@@ -83,7 +83,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from runner.compose import compose
-    from runner.profile import profile_layers
+    from runner.job.profile import profile_layers
 
     found = profile_layers(compose(args.overrides), steps=args.steps)
     if args.json:
@@ -103,7 +103,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
 def _store(overrides: list[str] | None = None, experiment: str | None = None):
     """The investigations' MLflow store: the config's tracking URI and experiment."""
     from runner.compose import compose
-    from runner.investigation import Store
+    from runner.store.investigation import Store
 
     tracking = compose(overrides or []).tracking
     return Store(tracking.uri, experiment or tracking.experiment)
@@ -111,8 +111,8 @@ def _store(overrides: list[str] | None = None, experiment: str | None = None):
 
 def cmd_baseline(args: argparse.Namespace) -> int:
     """Record a baseline: k seeds of the config as controlled jobs, L0 checks, triage."""
-    from runner.controller import record_baseline
-    from runner.launch import split
+    from runner.control.controller import record_baseline
+    from runner.launch.launchers import split
 
     name = args.investigation or time.strftime("inv-%Y%m%d-%H%M%S")
     store = _store(split(args.overrides)[0], args.experiment)
@@ -126,7 +126,7 @@ def cmd_baseline(args: argparse.Namespace) -> int:
 
 def cmd_test(args: argparse.Namespace) -> int:
     """Test one hypothesis (a card id or overrides changing one variable) against the baseline."""
-    from runner.controller import test
+    from runner.control.controller import test
 
     return test(
         _store(experiment=args.experiment), args.investigation, args.hypothesis, args.why
@@ -135,7 +135,7 @@ def cmd_test(args: argparse.Namespace) -> int:
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     """Search one variable with Optuna (Hydra sweep grammar); one verdict, one strike at most."""
-    from runner.sweep import sweep
+    from runner.control.sweep import sweep
 
     store = _store(experiment=args.experiment)
     return sweep(
@@ -147,7 +147,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     """Where an investigation stands: baseline, tests, verdicts, strikes, Slurm jobs."""
     from rich.table import Table
 
-    from runner.launch import slurm_states
+    from runner.launch.launchers import slurm_states
 
     state = _store(experiment=args.experiment).find(args.investigation)
     jobs = slurm_states({t.run_id: t.tags.get("slurm.jobs", "") for t in state.tests})
@@ -189,7 +189,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     """After a confirmed test: re-run the baseline's failed checks on the fix; --promote it."""
-    from runner.controller import verify
+    from runner.control.controller import verify
 
     store = _store(experiment=args.experiment)
     result = verify(store, args.investigation, args.test, args.promote)
@@ -202,7 +202,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     """Markdown and HTML with plots for an investigation, logged on its parent run."""
     from pathlib import Path
 
-    from runner.report import write_report
+    from runner.cli.report import write_report
 
     store = _store(experiment=args.experiment)
     state = store.find_any(args.investigation)
@@ -214,7 +214,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_upload(args: argparse.Namespace) -> int:
     """Deliver the evidence a job kept on disk while its tracking server was away."""
-    from runner.spool import upload
+    from runner.store.spool import upload
 
     uri = args.uri or _store().uri
     count = upload(args.spool, uri)
@@ -224,7 +224,7 @@ def cmd_upload(args: argparse.Namespace) -> int:
 
 def cmd_reset(args: argparse.Namespace) -> int:
     """Record a human decision on an escalated investigation and reopen it."""
-    from runner.controller import reset
+    from runner.control.controller import reset
 
     state = reset(_store(experiment=args.experiment), args.investigation, args.by, args.reason)
     console.print(f"investigation {state.name!r} reopened by {args.by}: {args.reason}")

@@ -35,7 +35,7 @@ from optuna.trial import TrialState
 
 from diag.verdict import MetricSpec, early_reject
 from runner.compose import compose
-from runner.controller import (
+from runner.control.controller import (
     DEFAULT_PRIMARY,
     Outcome,
     _curves,
@@ -50,11 +50,11 @@ from runner.controller import (
     seed_configs,
     where_tests_run,
 )
-from runner.delta import Delta, measure
+from runner.control.one_variable import Delta, measure
 from runner.errors import BadInput, JobsFailed
-from runner.investigation import State, Store
-from runner.launch import Failed, InProcess, Job, result_of, safe_name, split
-from runner.train import JobResult
+from runner.job.result import JobResult
+from runner.launch.launchers import Failed, InProcess, Job, result_of, safe_name, split
+from runner.store.investigation import State, Store
 
 SWEEPS = Path(".hyprun/sweeps")
 
@@ -320,7 +320,7 @@ def _verdict(
         }, {}
     best = min(complete, key=lambda t: t.value)
     best_run = best.user_attrs["run_id"]
-    results = [result_of(store.client, r.info.run_id) for r in store.seed_runs(best_run)]
+    results = [result_of(r) for r in store.seed_runs(best_run)]
     verdict = decide(store, state, results, DEFAULT_PRIMARY, [], looks=looks)
     best_delta = as_override(key, best.params[key])
     verdict.update(best=best_delta, best_trial=best.number, pruned=pruned, trials=table)

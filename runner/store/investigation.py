@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import json
 import math
+import tempfile
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from mlflow.entities import RunTag
@@ -20,7 +22,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from runner.errors import BadInput
-from runner.tracking import experiment_id, redact
+from runner.store.tracking import experiment_id, redact
 
 STRIKES = 3
 ROLE, INVESTIGATION = "hyprun.role", "hyprun.investigation"
@@ -212,6 +214,32 @@ class Store:
 
     def history(self, run_id: str, key: str) -> list[tuple[int, float]]:
         return sorted((m.step, m.value) for m in self.client.get_metric_history(run_id, key))
+
+    def run(self, run_id: str):
+        """One run as MLflow returns it (`.info`, `.data.tags`, `.data.metrics`, `.data.params`)."""
+        return self.client.get_run(run_id)
+
+    def attach(self, run_id: str, path: Path, folder: str) -> None:
+        """Log a local file as an artifact of the run, under `folder`."""
+        self.client.log_artifact(run_id, str(path), folder)
+
+    def json_artifact(self, run_id: str, path: str) -> dict[str, Any] | None:
+        """A JSON artifact of a run, or None when it was never logged (older runs)."""
+        with tempfile.TemporaryDirectory() as folder:
+            try:
+                local = self.client.download_artifacts(run_id, path, folder)
+            except MlflowException:
+                return None
+            return json.loads(Path(local).read_text())
+
+    def jobs_below(self, run_id: str) -> list:
+        """The seed jobs anywhere below a run: a test's own, or its sweep trials'."""
+        found, level = [], [run_id]
+        while level:
+            children = [run for parent in level for run in self._children(parent)]
+            found += [r for r in children if "hyprun.seed" in r.data.tags]
+            level = [r.info.run_id for r in children if "hyprun.seed" not in r.data.tags]
+        return found
 
     def seed_runs(self, parent_id: str) -> list:
         """The job runs directly below `parent_id` (baseline seeds or one test's seeds)."""

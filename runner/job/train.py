@@ -1,4 +1,4 @@
-"""The controlled training job: `python -m runner.train [overrides]`, a Hydra app.
+"""The controlled training job: `python -m runner.job.train [overrides]`, a Hydra app.
 
 Build model, data, optimizer and schedule by instantiation, wrap them in a DeepSpeed engine, train
 to a token budget, evaluate on a fixed held-out set at fixed token marks, and record everything in
@@ -27,17 +27,18 @@ from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.progress import Progress, TextColumn
 
-from runner import dist as distributed
 from runner import provenance
-from runner.checkpoint import Checkpointer, StopSignals, config_hash
 from runner.compose import compose, one_line
-from runner.data.loader import build_loader, heldout_batches
-from runner.engine import build_engine
 from runner.errors import BadInput
-from runner.instrument import Instruments
-from runner.optim import build_optimizer
-from runner.tracking import Tracker, TrackingOffline, flatten
-from runner.validate import reachable, validate
+from runner.job import dist as distributed
+from runner.job.checkpoint import Checkpointer, StopSignals, config_hash
+from runner.job.data.loader import build_loader, heldout_batches
+from runner.job.engine import build_engine
+from runner.job.instrument import Instruments
+from runner.job.optim import build_optimizer
+from runner.job.result import JobResult
+from runner.job.validate import reachable, validate
+from runner.store.tracking import Tracker, TrackingOffline, flatten
 
 EXIT_INTERRUPTED = 75
 console = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -75,18 +76,6 @@ class Plan:
     def due(every: int, done: int) -> bool:
         """Whether an `every`-steps event (0 = never) falls after step `done`."""
         return bool(every) and done % every == 0
-
-
-@dataclass(frozen=True)
-class JobResult:
-    run_id: str
-    status: str  # completed | diverged | interrupted | stopped (early rejection)
-    steps: int
-    tokens: int
-    train_loss: float | None
-    eval_loss: float | None
-    stopped_by: str | None = None
-    """The signal that interrupted the job (SIGTERM, SIGUSR1, SIGUSR2), if one did."""
 
 
 def run(cfg: DictConfig, on_eval: Callable[[int, float], bool] | None = None) -> JobResult:
@@ -399,6 +388,6 @@ def main() -> None:
 
 if __name__ == "__main__":
     # The importable module's main, not __main__'s, so that `task` pickles by reference.
-    from runner.train import main as importable_main
+    from runner.job.train import main as importable_main
 
     importable_main()

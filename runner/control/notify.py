@@ -9,7 +9,7 @@ import subprocess
 import urllib.request
 from typing import Any
 
-from runner.tracking import redact
+from runner.store.tracking import redact
 
 TIMEOUT_S = 10
 

@@ -7,7 +7,7 @@
 Jobs run in this process, one after another (importing torch and DeepSpeed costs seconds per
 process; a tiny job takes about as long), or on Slurm with `hydra/launcher=slurm_cpu|slurm_8xa100`
 among the baseline's overrides: then all seeds run at once, and every test of the investigation
-runs where its baseline ran (runner/launch.py).
+runs where its baseline ran (runner/launch/launchers.py).
 """
 
 from __future__ import annotations
@@ -30,12 +30,14 @@ from rich.console import Console
 from diag.verdict import MetricSpec, compare, early_reject
 from hypotheses.schema import Card, load_cards
 from runner import provenance
-from runner.checkpoint import config_hash
 from runner.compose import compose
-from runner.delta import Delta, measure
+from runner.control.notify import notify
+from runner.control.one_variable import Delta, measure
 from runner.errors import BadInput, JobsFailed
-from runner.investigation import STRIKES, State, Store, Test
-from runner.launch import (
+from runner.job.checkpoint import config_hash
+from runner.job.result import JobResult
+from runner.job.validate import reachable, validate
+from runner.launch.launchers import (
     Failed,
     InProcess,
     Job,
@@ -46,9 +48,7 @@ from runner.launch import (
     safe_name,
     split,
 )
-from runner.notify import notify
-from runner.train import JobResult
-from runner.validate import reachable, validate
+from runner.store.investigation import STRIKES, State, Store, Test
 
 EXIT_ESCALATED = 3
 DEFAULT_PRIMARY = MetricSpec("eval/loss", "min", 0.01)
@@ -84,7 +84,7 @@ def job_config(
 
 def record_baseline(store: Store, name: str, overrides: list[str], seeds: int, why: str) -> State:
     """Run the baseline's seeds as children of a new investigation, then triage seed 0."""
-    from runner.diagnose import diagnose
+    from runner.control.diagnose import diagnose
 
     if seeds < 1:
         raise BadInput(f"--seeds {seeds}: a baseline needs at least one seed (3 measure noise)")
@@ -373,7 +373,7 @@ def finished_seeds(store: Store, test_run: str) -> dict[int, JobResult]:
     """{seed: result} of the seed jobs below `test_run` that ran to their end."""
     found = {}
     for run in store.seed_runs(test_run):
-        result = result_of(store.client, run.info.run_id)
+        result = result_of(run)
         if result.status in ("completed", "diverged"):
             found[int(run.data.tags["hyprun.seed"])] = result
     return found
@@ -529,7 +529,7 @@ def decide(
     diverged = any(r.status == "diverged" for r in results)
     blown = [
         int(run.data.tags.get("hyprun.seed", "0"))
-        for run in map(store.client.get_run, state.baseline["seed_runs"])
+        for run in map(store.run, state.baseline["seed_runs"])
         if run.data.tags.get("hyprun.outcome") == "diverged"
     ]
     verdict = compare(
@@ -602,7 +602,7 @@ def escalate(store: Store, state: State) -> None:
 def verify(store: Store, name: str | None, test_name: str | None, promote: bool = False) -> dict:
     """Phase 4: re-run the checks that fired on the baseline against the confirmed fix's
     evidence; optionally make the fixed config the investigation's new baseline."""
-    from runner.diagnose import diagnose
+    from runner.control.diagnose import diagnose
 
     state = store.find_any(name)
     confirmed = [t for t in state.confirmed if test_name in (None, f"H{t.number}")]
@@ -677,6 +677,6 @@ def _curves(store: Store, run_ids: list[str], metric: str) -> dict[int, list[tup
     """{seed: history of `metric`} of the given job runs."""
     curves = {}
     for run_id in run_ids:
-        seed = int(store.client.get_run(run_id).data.tags.get("hyprun.seed", "0"))
+        seed = int(store.run(run_id).data.tags.get("hyprun.seed", "0"))
         curves[seed] = store.history(run_id, metric)
     return curves

@@ -6,7 +6,7 @@ Every metric's MLflow step is the number of tokens seen, so the UI overlays runs
 batch sizes at matched tokens.
 
 When the tracking server stops answering, the writer parks what it could not send in a spool
-file on disk (runner/spool.py) and retries every few seconds; training goes on. `finish` waits
+file on disk (runner/store/spool.py) and retries every few seconds; training goes on. `finish` waits
 up to `outage_grace_s` for the server, else leaves the evidence on disk with the command that
 uploads it.
 """
@@ -25,7 +25,7 @@ from mlflow.entities import Metric, Param, RunTag
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from runner.spool import Spool
+from runner.store.spool import Spool
 
 MAX_PARAM_CHARS = 6000
 RETRY_S = 3.0  # how often an unanswered server is tried again
@@ -333,3 +333,26 @@ def _scratch() -> str:
     import tempfile
 
     return tempfile.mkdtemp(prefix="hyprun-")
+
+
+class RunReader:
+    """Reads job runs back while they train: what a launcher needs, without importing MLflow."""
+
+    def __init__(self, uri: str):
+        self.client = MlflowClient(tracking_uri=uri)
+
+    def run(self, run_id: str):
+        return self.client.get_run(run_id)
+
+    def history(self, run_id: str, key: str) -> list[tuple[int, float]]:
+        return sorted((m.step, m.value) for m in self.client.get_metric_history(run_id, key))
+
+    def seed_run(self, parent_run_id: str, seed: int) -> str | None:
+        """The run of the job with this seed below `parent_run_id`, once the job has made it."""
+        experiment = self.client.get_run(parent_run_id).info.experiment_id
+        found = self.client.search_runs(
+            [experiment],
+            filter_string=f"tags.mlflow.parentRunId = '{parent_run_id}' "
+            f"and tags.`hyprun.seed` = '{seed}'",
+        )
+        return found[0].info.run_id if found else None

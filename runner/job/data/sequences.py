@@ -23,7 +23,7 @@ FULL_CHECK_TOKENS = 1 << 24  # files up to this size are checked completely
 
 @runtime_checkable
 class DataSource(Protocol):
-    """What the loader and trainer need from a data source (see runner.data docstring)."""
+    """What the loader and trainer need from a data source (see runner.job.data docstring)."""
 
     vocab_size: int
     seq_len: int

@@ -14,9 +14,9 @@ from rich.console import Console
 from rich.rule import Rule
 
 from hypotheses.schema import cards_for, load_cards
-from runner import controller
-from runner.diagnose import diagnose
-from runner.investigation import Store
+from runner.control import controller
+from runner.control.diagnose import diagnose
+from runner.store.investigation import Store
 
 COMMON = [
     "budget.tokens=65536",
@@ -73,7 +73,7 @@ def data_problem(store: Store, name: str, seeds: int) -> str:
 
 
 def _changes_something(state, delta: tuple[str, ...]) -> bool:
-    from runner.delta import measure
+    from runner.control.one_variable import measure
     from runner.errors import BadInput
 
     try:

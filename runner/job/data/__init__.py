@@ -27,7 +27,7 @@ A source is any object with:
 Constructors take plain keyword arguments, so Hydra can build any source, including your own:
 
   data:
-    _target_: runner.data.Synthetic      # or runner.data.TokenFile / runner.data.TextFile
+    _target_: runner.job.data.Synthetic  # or runner.job.data.TokenFile|TextFile
     seq_len: 64                          # or my_package.MySource
 
 Missing or invalid input raises ValueError with a one-line message naming the problem and the
@@ -35,11 +35,11 @@ fix. build_loader() turns a source into this rank's micro-batches for a range of
 heldout_batches() splits the held-out set across ranks.
 """
 
-from runner.data.loader import build_loader, heldout_batches
-from runner.data.sequences import IGNORE_INDEX, DataSource
-from runner.data.synthetic import Synthetic
-from runner.data.text_file import TextFile
-from runner.data.token_file import TokenFile
+from runner.job.data.loader import build_loader, heldout_batches
+from runner.job.data.sequences import IGNORE_INDEX, DataSource
+from runner.job.data.synthetic import Synthetic
+from runner.job.data.text_file import TextFile
+from runner.job.data.token_file import TokenFile
 
 __all__ = [
     "IGNORE_INDEX",

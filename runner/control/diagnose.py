@@ -19,7 +19,7 @@ from diag.evidence import Evidence
 from diag.static import DataSample, DeviceInfo, device_info, run_checks
 from diag.triage import triage
 from runner.errors import BadInput
-from runner.tracking import latest_run, read_run, record_diagnosis
+from runner.store.tracking import latest_run, read_run, record_diagnosis
 
 SAMPLE_ROWS = 2048
 STATUS_STYLE = {"pass": "green", "warn": "yellow", "fail": "red", "skip": "dim"}

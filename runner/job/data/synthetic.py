@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from runner.data.sequences import IGNORE_INDEX, check_span, pool_indices
+from runner.job.data.sequences import IGNORE_INDEX, check_span, pool_indices
 
 # Random streams of one language, as the middle entry of [language_seed, stream, round].
 LANGUAGE, TRAIN, LENGTHS, NOISE, DUPLICATES, HELDOUT = range(6)

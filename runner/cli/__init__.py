@@ -1,0 +1,1 @@
+"""The face: the `hyprun` command line (`main`), the report and the demo."""

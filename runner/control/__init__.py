@@ -1,0 +1,1 @@
+"""The controller: baseline, diagnosis, the one-variable rule, tests, verdicts, strikes, sweeps."""

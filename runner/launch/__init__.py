@@ -1,0 +1,1 @@
+"""Where jobs run: in this process, or on Slurm through submitit (`launchers`)."""

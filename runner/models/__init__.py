@@ -1,5 +1,0 @@
-"""Model definitions buildable by Hydra (``_target_: runner.models.GPT``)."""
-
-from runner.models.gpt import GPT
-
-__all__ = ["GPT"]

@@ -1,0 +1,118 @@
+"""The architecture as a test: imports run one way, and only the store talks to MLflow.
+
+    cli -> control -> launch -> job -> store -> (errors, compose, provenance)
+    everything -> diag; hypotheses -> diag; diag imports nothing of hyprun and no side-effect stack
+
+Every import in every module counts, including those inside functions (a lazy import is still a
+dependency). A new module lands in a room; this test says when it reached into the wrong one.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# A room may import the rooms listed for it, and nothing else of hyprun's.
+BASE = {"runner.errors", "runner.compose", "runner.provenance", "diag", "hypotheses"}
+ALLOWED = {
+    "diag": {"diag"},
+    "hypotheses": {"diag", "hypotheses"},
+    "runner.errors": set(),
+    "runner.compose": {"runner.errors"},
+    "runner.provenance": set(),
+    "runner.store": BASE | {"runner.store"},
+    "runner.job": BASE | {"runner.store", "runner.job"},
+    "runner.launch": BASE | {"runner.store", "runner.job", "runner.launch"},
+    "runner.control": BASE | {"runner.store", "runner.job", "runner.launch", "runner.control"},
+    "runner.cli": BASE
+    | {"runner.store", "runner.job", "runner.launch", "runner.control", "runner.cli"},
+}
+# Third-party stacks a room must not import: diag stays pure, only the store talks to MLflow.
+FORBIDDEN = {
+    "diag": {"mlflow", "hydra", "deepspeed", "submitit", "optuna"},
+    "hypotheses": {"mlflow", "deepspeed", "torch"},
+}
+MLFLOW_ONLY_IN = "runner.store"
+
+
+def room_of(module: str) -> str:
+    """The longest room name that `module` is, or is inside of."""
+    rooms = [r for r in ALLOWED if module == r or module.startswith(r + ".")]
+    return max(rooms, key=len) if rooms else ""
+
+
+def modules() -> dict[str, Path]:
+    found = {}
+    for package in ("runner", "diag", "hypotheses"):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            found[name] = path
+    return found
+
+
+def imports_of(path: Path) -> set[str]:
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+            names |= {f"{node.module}.{alias.name}" for alias in node.names}
+    return names
+
+
+def violations(module: str, imported: set[str]) -> list[str]:
+    room = room_of(module)
+    found = []
+    for name in sorted(imported):
+        top = name.split(".")[0]
+        if top in ("runner", "diag", "hypotheses"):
+            target = room_of(name)
+            if target and target not in ALLOWED[room]:
+                found.append(f"{module} ({room}) imports {name} ({target})")
+        if top in FORBIDDEN.get(room.split(".")[0], set()) or top in FORBIDDEN.get(room, set()):
+            found.append(f"{module} ({room}) imports {top}")
+        if top == "mlflow" and not room.startswith(MLFLOW_ONLY_IN):
+            found.append(f"{module} ({room}) imports mlflow: go through runner.store")
+    return found
+
+
+def test_every_module_has_a_room():
+    homeless = [m for m in modules() if not room_of(m) and m != "runner"]
+    assert homeless == [], f"modules outside every room of tests/test_layers.py: {homeless}"
+
+
+def test_imports_run_one_way():
+    found = [v for m, path in modules().items() for v in violations(m, imports_of(path))]
+    assert found == [], "\n".join(found)
+
+
+@pytest.mark.parametrize(
+    "module, imported",
+    [
+        ("runner.job.train", {"runner.control.controller"}),
+        ("runner.store.tracking", {"runner.job.result"}),
+        ("runner.control.controller", {"mlflow.tracking"}),
+        ("diag.triage", {"runner.errors"}),
+        ("diag.verdict", {"mlflow"}),
+    ],
+)
+def test_a_wrong_way_import_is_caught(module, imported):
+    assert violations(module, imported), f"{module} importing {imported} was let through"
+
+
+def test_commands_that_read_the_store_do_not_import_torch():
+    """The controller reads job results as JobResult: importing it must not start torch."""
+    code = (
+        "import sys, runner.store.investigation, runner.job.result, runner.cli.report\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'deepspeed'}))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
