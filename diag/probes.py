@@ -56,25 +56,77 @@ class BlockStats:
     """RMS(block output - block input) / RMS(block input): how much a block rewrites the stream."""
 
 
-@contextmanager
-def block_probe(model: nn.Module) -> Iterator[BlockStats]:
-    """Forward hooks on `model.blocks` for one forward pass (first call per block only, so an
-    activation-checkpointing recompute does not count twice)."""
-    stats = BlockStats()
+def find_blocks(model: nn.Module) -> tuple[str, nn.ModuleList] | None:
+    """(path, list) of the model's residual blocks: `model.blocks` when it has one (the built-in
+    GPT, the `_target_` protocol), else the `nn.ModuleList` of same-type modules that holds the
+    most parameters (`transformer.h` of a Hugging Face GPT-2, `model.layers` of a Llama). None
+    when there is no such list: block probes are then skipped, not guessed."""
     blocks = getattr(model, "blocks", None)
+    if isinstance(blocks, nn.ModuleList) and len(blocks):
+        return "blocks", blocks
+    best, best_size = None, 0
+    for path, module in model.named_modules():
+        if not isinstance(module, nn.ModuleList) or len(module) < 2:
+            continue
+        if len({type(child) for child in module}) != 1:
+            continue
+        size = sum(p.numel() for p in module.parameters())
+        if size > best_size:
+            best, best_size = (path, module), size
+    return best
+
+
+def canonical_name(name: str, blocks_path: str | None) -> str:
+    """A parameter or module name in the job's vocabulary, so per-block evidence reads the same
+    for any model: `transformer.h.3.mlp.c_fc.weight` -> `blocks.3.mlp.c_fc.weight`, and the
+    blocks' siblings lose their common prefix (`transformer.wte.weight` -> `wte.weight`)."""
+    if not blocks_path or blocks_path == "blocks":
+        return name
+    if name.startswith(blocks_path + "."):
+        return "blocks." + name[len(blocks_path) + 1 :]
+    parent = blocks_path.rpartition(".")[0]
+    if parent and name.startswith(parent + "."):
+        return name[len(parent) + 1 :]
+    return name
+
+
+def _first_tensor(values) -> torch.Tensor | None:
+    for value in values:
+        if torch.is_tensor(value) and value.is_floating_point():
+            return value
+    return None
+
+
+@contextmanager
+def block_probe(
+    model: nn.Module, blocks: Iterable[nn.Module] | None = None
+) -> Iterator[BlockStats]:
+    """Forward hooks on the residual blocks (`blocks`, default `model.blocks`) for one forward
+    pass (first call per block only, so an activation-checkpointing recompute does not count
+    twice). A block's stream is its first floating-point input (positional, else keyword) and
+    its output (or the output's first element: Hugging Face blocks may return tuples); a block
+    whose output shape differs from its input's is not a residual block and is skipped."""
+    stats = BlockStats()
+    if blocks is None:
+        blocks = getattr(model, "blocks", None)
     handles = []
     for i, block in enumerate(blocks or []):
         name = f"blocks.{i}"
 
-        def hook(module, inputs, output, name=name) -> None:
-            if name in stats.rms or not inputs or not torch.is_tensor(output):
+        def hook(module, args, kwargs, output, name=name) -> None:
+            if name in stats.rms:
                 return
-            x, y = inputs[0].detach().float(), output.detach().float()
+            x = _first_tensor(args) if args else None
+            x = x if x is not None else _first_tensor(kwargs.values())
+            y = output[0] if isinstance(output, tuple | list) and output else output
+            if x is None or not torch.is_tensor(y) or y.shape != x.shape:
+                return
+            x, y = x.detach().float(), y.detach().float()
             rms_in = x.pow(2).mean().sqrt()
             stats.rms[name] = float(y.pow(2).mean().sqrt())
             stats.write_ratio[name] = float((y - x).pow(2).mean().sqrt() / rms_in.clamp_min(1e-12))
 
-        handles.append(block.register_forward_hook(hook))
+        handles.append(block.register_forward_hook(hook, with_kwargs=True))
     try:
         yield stats
     finally:

@@ -174,13 +174,15 @@ class Tracker:
         )
         self._system.start()
 
-    def finish(self, status: str) -> None:
-        """Flush and close the run: FINISHED, FAILED (e.g. diverged) or KILLED (interrupted).
+    def finish(self, status: str | None) -> None:
+        """Flush and close the run: FINISHED, FAILED (e.g. diverged) or KILLED (interrupted);
+        None leaves its status to whoever owns the run (an app's, or hyprun's adapter).
         While the server is away, wait up to `outage_grace_s` for it; then raise TrackingOffline
         with the evidence on disk."""
         if self._system is not None:
             self._system.finish()
-        self._outbox.put(("status", status))
+        if status is not None:
+            self._outbox.put(("status", status))
         self.flush(wait=True)
         self._outbox.put(None)
         self._writer.join()
@@ -247,6 +249,27 @@ class Tracker:
     def _last_step(self, key: str) -> int:
         history = self.client.get_metric_history(self.run_id, key)
         return max((m.step for m in history), default=-1)
+
+
+def open_app_run(
+    experiment: str | None = None, run_name: str | None = None, flush_every_s: float = 5.0
+) -> tuple[Tracker, bool]:
+    """The run a probe inside someone else's training loop logs into, and whether the probe
+    owns it (and so ends it): the run named by MLFLOW_RUN_ID at MLFLOW_TRACKING_URI (what
+    hyprun's app adapter sets), else this process's active MLflow run, else a new run in
+    `experiment` (MLFLOW_EXPERIMENT_NAME, else "hyprun")."""
+    import mlflow
+
+    uri = os.environ.get("MLFLOW_TRACKING_URI") or mlflow.get_tracking_uri()
+    given = os.environ.get("MLFLOW_RUN_ID")
+    if given:
+        return Tracker.open(uri, "", run_id=given, flush_every_s=flush_every_s), False
+    active = mlflow.active_run()
+    if active is not None:
+        run_id = active.info.run_id
+        return Tracker.open(uri, "", run_id=run_id, flush_every_s=flush_every_s), False
+    experiment = experiment or os.environ.get("MLFLOW_EXPERIMENT_NAME") or "hyprun"
+    return Tracker.open(uri, experiment, run_name=run_name, flush_every_s=flush_every_s), True
 
 
 class TrackingOffline(Exception):

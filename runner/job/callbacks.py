@@ -1,0 +1,154 @@
+"""Ready callbacks: the probe (runner/job/probe.py) for Hugging Face `Trainer` and Lightning.
+
+    from runner.job.callbacks import HyprunTrainerCallback
+    Trainer(model, args, train_dataset=data, callbacks=[HyprunTrainerCallback()])
+
+    from runner.job.callbacks import HyprunLightningCallback
+    lightning.Trainer(callbacks=[HyprunLightningCallback()]).fit(module, loader)
+
+Keyword arguments go to `Probe` (`every_steps`, `step_unit`, `flops_per_token`, ...). The metrics
+land in the MLflow run named by MLFLOW_RUN_ID (what `hyprun baseline --app` sets), else the active
+run, else a new one; step = tokens seen (or optimizer steps, `step_unit="steps"`).
+
+Neither library is a dependency of hyprun: each class is built on first use, when its library is
+imported (a module `__getattr__`), so importing this module costs nothing.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+from runner.job.probe import Probe
+
+EVAL_LOSS_KEYS = ("eval/loss", "val_loss", "val/loss", "eval_loss", "validation_loss")
+"""Names under which a Lightning module logs its held-out loss, first found wins."""
+
+
+@cache
+def _trainer_callback() -> type:
+    from transformers import TrainerCallback
+
+    class HyprunTrainerCallback(TrainerCallback):
+        """L1 probes inside `transformers.Trainer`.
+
+        Gradients are measured before clipping, as in the built-in job: the Trainer clips
+        before any callback runs, so this callback clips instead (same `max_grad_norm`, same
+        `clip_grad_norm_`) right after measuring; the training is unchanged. Under DeepSpeed,
+        whose engine clips inside its step, the Trainer's clipping is left alone."""
+
+        def __init__(self, **probe_options: Any):
+            self.options = probe_options
+            self.probe: Probe | None = None
+            self.max_grad_norm = 0.0
+
+        def on_train_begin(self, args, state, control, model=None, **kwargs):
+            if args.max_grad_norm and args.max_grad_norm > 0 and not args.deepspeed:
+                self.max_grad_norm, args.max_grad_norm = float(args.max_grad_norm), 0.0
+            optimizer = kwargs.get("optimizer")  # read for the LR; stepped by the Trainer
+            self.probe = Probe(model, optimizer, hook_optimizer=False, **self.options)
+
+        def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
+            self.probe.after_backward()
+            if self.max_grad_norm and not self.probe.diverged:
+                import torch
+
+                torch.nn.utils.clip_grad_norm_(model.parameters(), self.max_grad_norm)
+
+        def on_optimizer_step(self, args, state, control, **kwargs):
+            self.probe.after_step()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if self.probe.diverged:
+                control.should_training_stop = True
+
+        def on_evaluate(self, args, state, control, metrics=None, **kwargs):
+            if self.probe is not None and metrics and "eval_loss" in metrics:
+                self.probe.log_eval(metrics["eval_loss"])
+
+        def on_train_end(self, args, state, control, **kwargs):
+            if self.max_grad_norm:
+                args.max_grad_norm = self.max_grad_norm  # the args as the user made them
+            if self.probe is not None:
+                self.probe.close()
+
+    return _by_reference(HyprunTrainerCallback)
+
+
+@cache
+def _lightning_callback() -> type:
+    from lightning.pytorch import Callback
+
+    class HyprunLightningCallback(Callback):
+        """L1 probes inside `lightning.Trainer` (automatic optimisation). Lightning calls
+        `on_before_optimizer_step` before it clips, so gradients are measured before clipping."""
+
+        def __init__(self, **probe_options: Any):
+            self.options = probe_options
+            self.probe: Probe | None = None
+            self.steps_seen = 0
+
+        def on_fit_start(self, trainer, pl_module):
+            optimizer = trainer.optimizers[0] if trainer.optimizers else None
+            # Lightning hands the batch and the loss to callbacks, and steps the optimizer
+            # itself: the probe does not hook the forward or the optimizer here.
+            self.probe = Probe(pl_module, None, watch_forward=False, **self.options)
+            self.probe.optimizer = optimizer
+            self.steps_seen = trainer.global_step
+
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            self.probe.batch_start(batch)
+
+            def replay():  # the forward of this batch again, to find where a NaN came from
+                return pl_module.training_step(batch, batch_idx)
+
+            self.probe._replay = replay
+
+        def on_before_backward(self, trainer, pl_module, loss):
+            self.probe.note_loss(loss)
+
+        def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+            self.probe.after_backward()
+            if self.probe.diverged:
+                trainer.should_stop = True
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            if trainer.global_step > self.steps_seen:  # an optimizer step happened
+                self.steps_seen = trainer.global_step
+                self.probe.after_step()
+
+        def on_validation_epoch_end(self, trainer, pl_module):
+            if trainer.sanity_checking or self.probe is None:
+                return
+            metrics = trainer.callback_metrics
+            key = next((k for k in EVAL_LOSS_KEYS if k in metrics), None)
+            if key is not None:
+                self.probe.log_eval(float(metrics[key]))
+
+        def on_fit_end(self, trainer, pl_module):
+            if self.probe is not None:
+                self.probe.close()
+
+        def on_exception(self, trainer, pl_module, exception):
+            if self.probe is not None:
+                self.probe.close()
+
+    return _by_reference(HyprunLightningCallback)
+
+
+def _by_reference(cls: type) -> type:
+    """Name the class as this module's attribute, so it pickles by reference."""
+    cls.__module__, cls.__qualname__ = __name__, cls.__name__
+    return cls
+
+
+BUILDERS = {
+    "HyprunTrainerCallback": _trainer_callback,
+    "HyprunLightningCallback": _lightning_callback,
+}
+
+
+def __getattr__(name: str) -> type:
+    if name in BUILDERS:
+        return BUILDERS[name]()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,584 @@
+"""L1 evidence from a training loop hyprun did not write: the probe API.
+
+Two lines in any PyTorch loop give the metrics the built-in job logs, under the same names, into
+one MLflow run, so `hyprun diagnose` reads them the same way:
+
+    probe = Probe(model, optimizer)              # attach (hooks; the run comes from MLflow's env)
+    for batch in loader:
+        loss = model(**batch).loss
+        loss.backward()
+        probe.after_backward(loss)               # gradients before clipping, NaN check
+        clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()                         # the probe's step hook runs after it
+        optimizer.zero_grad()
+    probe.close()                                # or let the interpreter's exit do it
+
+The statistics are diag/'s (probes, spikes, efficiency), the same functions the job uses, so a
+number means the same thing in both. With a torch optimizer the probe hooks its `step()`; with
+anything else (a DeepSpeed engine) call `probe.after_step()` after the step. The MLflow step of
+every metric is the number of tokens seen (counted from the integer input of each training
+forward, times the world size), or the optimizer step with `step_unit="steps"`; the unit is
+recorded in the tag `hyprun.step_unit`.
+
+Where the time goes: seconds per step are measured between optimizer steps; the data-wait share
+is the time between the end of one step and the first training forward of the next (fetching
+the batch, moving it to the device), over the step time. Loops that do other work there (their
+own logging) see it counted as waiting.
+"""
+
+from __future__ import annotations
+
+import atexit
+import math
+import time
+from collections.abc import Callable
+from contextlib import ExitStack
+from typing import Any
+
+import torch
+from torch import nn
+
+from diag import probes
+from diag.efficiency import mfu, transformer_flops_per_token
+from diag.evidence import NAN_MODULE_TAG, OUTCOME_TAG
+from diag.spikes import SpikeDetector
+
+STEP_UNITS = ("tokens", "steps")
+
+
+class Probe:
+    """The built-in job's L1 probes, attached to someone else's model and optimizer.
+
+    every_steps: probe gradients, parameters and activations on the first step and every N
+        after it (the job's `probes.every_steps`); loss, throughput and spikes every
+        `log_every_steps`.
+    step_unit: "tokens" (default, as the job) or "steps".
+    tokens_per_step: tokens of one optimizer step over all processes, when the inputs do not
+        say it (default: counted from the training forwards' integer inputs).
+    flops_per_token: training FLOPs per token for MFU (default: the model's `flops_per_token()`,
+        else the transformer formula from a Hugging Face config, else 6N).
+    peak_flops: one device's peak FLOP/s (default: the device table; a CPU is measured).
+    blocks: the residual blocks (default: found, see diag.probes.find_blocks).
+    watch_forward, hook_optimizer: whether the probe hooks the model's forward (tokens, loss,
+        data wait) and the optimizer's step (`after_step`); trainer callbacks turn them off and
+        report those events themselves.
+    tracker: where to log (default: runner.store.tracking.open_app_run, on rank 0 only).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer | None = None,
+        *,
+        every_steps: int = 16,
+        log_every_steps: int = 1,
+        step_unit: str = "tokens",
+        tokens_per_step: int | None = None,
+        flops_per_token: float | None = None,
+        peak_flops: float | None = None,
+        blocks: nn.ModuleList | None = None,
+        gradients: bool = True,
+        parameters: bool = True,
+        activations: bool = True,
+        spikes: bool = True,
+        nan_check: bool = True,
+        watch_forward: bool = True,
+        hook_optimizer: bool = True,
+        tracker=None,
+        experiment: str | None = None,
+        run_name: str | None = None,
+    ):
+        if step_unit not in STEP_UNITS:
+            raise ValueError(f"step_unit={step_unit!r} is unknown: use tokens or steps")
+        if every_steps < 0 or log_every_steps < 1:
+            raise ValueError(
+                f"every_steps={every_steps}, log_every_steps={log_every_steps}: "
+                "need every_steps >= 0 and log_every_steps >= 1"
+            )
+        self.model, self.optimizer = model, optimizer
+        self.every_steps, self.log_every = every_steps, log_every_steps
+        self.step_unit, self.tokens_per_step = step_unit, tokens_per_step
+        self.switches = {
+            "gradients": gradients,
+            "parameters": parameters,
+            "activations": activations,
+            "spikes": spikes,
+            "nan_check": nan_check,
+        }
+        self.world, self.rank = _world()
+        found = (None, blocks) if blocks is not None else probes.find_blocks(model)
+        self.blocks_path, self.blocks = found if found else (None, None)
+        self.named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        self._flops_given = flops_per_token
+        self.flops_per_token, self.flops_source = 0.0, ""
+        self._peak_flops = peak_flops
+        self.loss_spikes, self.grad_spikes = SpikeDetector(), SpikeDetector()
+        self.initial = self._params_on_cpu() if every_steps and parameters else None
+        self.initial_norm = probes.grouped_norms(self.initial.items())[0] if self.initial else 0.0
+        self._tracker, self._owned, self._given_tracker = tracker, False, tracker is not None
+        self._experiment, self._run_name = experiment, run_name
+
+        self.steps = 0
+        """Optimizer steps done."""
+        self.tokens = 0
+        """Tokens seen (all processes)."""
+        self.diverged = False
+        """A loss was NaN/Inf: stop the loop (`if probe.diverged: break`)."""
+        self.nan_module: str | None = None
+        """The first module whose output went non-finite, by its name in the model."""
+
+        self._step_tokens = 0
+        self._micro_losses: list[torch.Tensor] = []
+        self._checked = 0  # micro losses already tested for NaN/Inf
+        self._window_losses: list[float] = []
+        self._window_steps, self._window_wait = 0, 0.0
+        self._window_start: float | None = None
+        self._window_tokens_start = 0
+        self._seq_len = 0
+        self._last_end: float | None = None
+        self._step_started = False
+        self._last_inputs: tuple[tuple, dict] | None = None
+        self._replay: Callable[[], Any] | None = None
+        self._probed: dict[str, float] = {}
+        self._before: dict[str, torch.Tensor] = {}
+        self._activations: ExitStack | None = None
+        self._block_stats: probes.BlockStats | None = None
+        self._handles = []
+        if watch_forward:
+            self._handles.append(
+                model.register_forward_pre_hook(self._before_forward, with_kwargs=True)
+            )
+            self._handles.append(model.register_forward_hook(self._after_forward))
+        if hook_optimizer and isinstance(optimizer, torch.optim.Optimizer):
+            self._handles.append(optimizer.register_step_post_hook(lambda *_: self.after_step()))
+        self._closed = False
+        atexit.register(self.close)
+
+    # ------------------------------------------------------------ the loop's calls
+
+    @property
+    def probing(self) -> bool:
+        """Whether the step in progress is probed (the first, then every `every_steps`)."""
+        return bool(self.every_steps) and self.steps % self.every_steps == 0
+
+    def batch_start(self, batch: Any = None, tokens: int | None = None) -> None:
+        """A micro-batch is ready (for loops whose forward the probe does not see): marks the
+        end of the data wait and counts its tokens (`tokens`, or the batch's integer ids)."""
+        self._start_micro()
+        self._step_tokens += tokens if tokens is not None else _count_tokens(batch)
+        self._seq_len = _sequence_length(batch) or self._seq_len
+
+    def after_backward(self, loss: torch.Tensor | float | None = None) -> None:
+        """After a micro-batch's backward, before clipping: checks the loss and, on probed
+        steps, measures the gradients (each call overwrites: the last micro-batch of a step
+        sees the accumulated gradient, the one the step applies)."""
+        if loss is not None:
+            self.note_loss(loss)
+        self._close_activations()
+        unchecked = self._micro_losses[self._checked :]
+        self._checked = len(self._micro_losses)
+        if self.switches["nan_check"] and unchecked and not _all_finite(unchecked):
+            self._diverge()
+            return
+        if self.probing and self.switches["gradients"]:
+            self._probed.update(self._gradients())
+        if self.probing and self.switches["parameters"] and not self._before:
+            self._before = {n: _full_param(p).detach().float().clone() for n, p in self.named}
+
+    def note_loss(self, loss: torch.Tensor | float) -> None:
+        """A micro-batch's loss, for loops whose forward does not return it to the probe."""
+        self._micro_losses.append(_as_tensor(loss))
+
+    def after_step(self) -> None:
+        """After the optimizer step (automatic for a torch optimizer): update ratio, tokens,
+        throughput, spikes, and the metrics of this step into MLflow."""
+        if self.diverged:
+            return
+        now = time.perf_counter()
+        metrics = dict(self._probed)
+        metrics.update(self._parameters())
+        self._probed, self._before = {}, {}
+        self.steps += 1
+        self.tokens += self.tokens_per_step or self._step_tokens * self.world
+        self._step_tokens, self._step_started = 0, False
+        if self._micro_losses:
+            losses = torch.stack([t.float() for t in self._micro_losses])
+            self._window_losses.append(float(losses.mean()))
+            self._micro_losses, self._checked = [], 0
+        self._window_steps += 1
+        if self.steps % self.log_every == 0:
+            metrics.update(self._window(now))
+        if metrics:
+            self._log(metrics)
+        self._last_end = time.perf_counter()  # the probe's own work is not waiting for data
+
+    def log_eval(self, loss: float) -> None:
+        """A held-out loss at the current step, as `eval/loss`."""
+        self._log({"eval/loss": float(loss)})
+
+    def close(self) -> None:
+        """Deliver what is buffered; end the run only if the probe started it."""
+        if self._closed:
+            return
+        self._closed = True
+        for handle in self._handles:
+            handle.remove()
+        self._close_activations()
+        if self._tracker is not None:
+            status = "FAILED" if self.diverged else "FINISHED"
+            self._tracker.set_tags(
+                {
+                    OUTCOME_TAG: "diverged" if self.diverged else "completed",
+                    "hyprun.steps": self.steps,
+                }
+            )
+            self._tracker.finish(status if self._owned else None)
+        atexit.unregister(self.close)
+
+    @property
+    def run_id(self) -> str | None:
+        """The MLflow run the probe logs into (rank 0; None on other ranks)."""
+        tracker = self._open()
+        return tracker.run_id if tracker else None
+
+    # ------------------------------------------------------------ hooks
+
+    def _before_forward(self, module, args, kwargs) -> None:
+        if not (module.training and torch.is_grad_enabled()):
+            return
+        self._start_micro()
+        self._step_tokens += _count_tokens((args, kwargs))
+        self._seq_len = _sequence_length((args, kwargs)) or self._seq_len
+        self._last_inputs = (args, kwargs)
+
+    def _after_forward(self, module, args, output) -> None:
+        if not (module.training and torch.is_grad_enabled()):
+            return
+        loss = _loss_of(output)
+        if loss is not None:
+            self._micro_losses.append(loss.detach())
+
+    def _start_micro(self) -> None:
+        """The first micro-batch of a step ends the data wait and opens the block probe."""
+        if self._step_started:
+            return
+        self._step_started = True
+        now = time.perf_counter()
+        if self._window_start is None:
+            self._window_start = now
+        if self._last_end is not None:
+            self._window_wait += now - self._last_end
+        if self.probing and self.switches["activations"] and self.blocks is not None:
+            self._activations = ExitStack()
+            self._block_stats = self._activations.enter_context(
+                probes.block_probe(self.model, self.blocks)
+            )
+
+    def _close_activations(self) -> None:
+        if self._activations is None:
+            return
+        self._activations.close()
+        stats, self._activations, self._block_stats = self._block_stats, None, None
+        self._probed.update({f"act/rms/{k}": v for k, v in stats.rms.items()})
+        self._probed.update({f"act/write_ratio/{k}": v for k, v in stats.write_ratio.items()})
+
+    # ------------------------------------------------------------ measurements
+
+    def _gradients(self) -> dict[str, float]:
+        """Global and per-module gradient norms (before clipping), NaN/Inf, a spike flag."""
+        grads = [
+            (probes.canonical_name(n, self.blocks_path), g)
+            for n, p in self.named
+            if (g := _full_grad(p)) is not None
+        ]
+        total, per_group = probes.grouped_norms(grads)
+        metrics = {"grad/norm": total, "grad/nonfinite": float(not math.isfinite(total))}
+        metrics.update({f"grad/norm/{k}": v for k, v in per_group.items()})
+        if self.switches["spikes"] and math.isfinite(total):
+            metrics["anomaly/grad_spike"] = float(self.grad_spikes.update(total))
+        return metrics
+
+    def _parameters(self) -> dict[str, float]:
+        """After a probed step: parameter norm, update/parameter ratio, distance from init,
+        embedding RMS."""
+        if not self._before:
+            return {}
+        names = [n for n, _ in self.named]
+        now = [_full_param(p).detach().float() for _, p in self.named]
+        device = now[0].device
+        delta = torch._foreach_sub(now, [self._before[n] for n in names])
+        moved = torch._foreach_sub(now, [self.initial[n].to(device) for n in names])
+        norm, _ = probes.grouped_norms(zip(names, now, strict=True))
+        step, _ = probes.grouped_norms(zip(names, delta, strict=True))
+        drift, _ = probes.grouped_norms(zip(names, moved, strict=True))
+        metrics = {
+            "param/norm": norm,
+            "param/update_ratio": step / max(norm, 1e-12),
+            "param/dist_from_init": drift / max(self.initial_norm, 1e-12),
+        }
+        embedding = _input_embedding(self.model)
+        if embedding is not None:
+            weight = _full_param(embedding.weight).detach().float()
+            metrics["param/embedding_rms"] = float(weight.pow(2).mean().sqrt())
+        return metrics
+
+    def _window(self, now: float) -> dict[str, float]:
+        """Loss and throughput over the steps since the last log, as the job logs them."""
+        metrics: dict[str, float] = {}
+        if self._window_losses:
+            loss = sum(self._window_losses) / len(self._window_losses)
+            metrics["train/loss"] = _mean_over_ranks(loss, self.world)
+            if self.switches["spikes"] and math.isfinite(loss):
+                metrics["anomaly/loss_spike"] = float(self.loss_spikes.update(loss))
+                metrics["anomaly/spike_score"] = self.loss_spikes.score
+        if self.optimizer is not None and getattr(self.optimizer, "param_groups", None):
+            metrics["train/lr"] = float(self.optimizer.param_groups[0]["lr"])
+        start = self._last_window_start(now)
+        elapsed = now - start
+        if elapsed > 0 and self._window_steps:
+            tokens_per_s = self._window_tokens / elapsed
+            metrics["perf/step_time_s"] = elapsed / self._window_steps
+            metrics["perf/data_wait_frac"] = min(self._window_wait / elapsed, 1.0)
+            if tokens_per_s > 0:
+                metrics["perf/tokens_per_s"] = tokens_per_s
+                metrics.update(self._efficiency(tokens_per_s))
+        self._window_losses, self._window_steps, self._window_wait = [], 0, 0.0
+        self._window_start, self._window_tokens_start = None, self.tokens
+        return metrics
+
+    @property
+    def _window_tokens(self) -> int:
+        return self.tokens - self._window_tokens_start
+
+    def _last_window_start(self, now: float) -> float:
+        if self._last_end is not None and self._window_start is not None:
+            return min(self._last_end, self._window_start)
+        return self._window_start if self._window_start is not None else now
+
+    def _efficiency(self, tokens_per_s: float) -> dict[str, float]:
+        """MFU against the device peak (all processes together), and peak memory."""
+        from runner.job.instrument import _device_peak, _peak_memory_gb
+
+        device = self._device()
+        if not self.flops_per_token:  # known once a batch showed the sequence length
+            self.flops_per_token, self.flops_source = _flops_per_token(
+                self.model, self._flops_given, self._seq_len
+            )
+            if tracker := self._open():
+                tracker.set_tags(
+                    {"hyprun.flops_per_token": f"{self.flops_per_token:.6g} ({self.flops_source})"}
+                )
+        metrics = {"perf/flops_per_s": tokens_per_s * self.flops_per_token}
+        if self._peak_flops is None:
+            with torch.random.fork_rng(devices=[]):  # the CPU peak's matmuls draw random inputs:
+                peak = _device_peak(device, _precision(self.model))  # keep the user's RNG as is
+            self._peak_flops = peak or 0.0
+        if self._peak_flops:
+            metrics["perf/mfu"] = mfu(
+                tokens_per_s, self.flops_per_token, self._peak_flops * self.world
+            )
+        metrics["perf/peak_mem_gb"] = _peak_memory_gb(device)
+        return metrics
+
+    def _diverge(self) -> None:
+        """A non-finite loss: name the first module that produced one, record it, stop."""
+        self.diverged = True
+        self._close_activations()
+        if self._replay is not None:
+            self.nan_module = probes.first_nonfinite_module(self.model, self._replay)
+        elif self._last_inputs is not None:
+            args, kwargs = self._last_inputs
+            self.nan_module = probes.first_nonfinite_module(
+                self.model, lambda: self.model(*args, **kwargs)
+            )
+        self.steps += 1
+        self.tokens += self.tokens_per_step or self._step_tokens * self.world
+        self._log({"train/loss": float("nan")})
+        tags = {OUTCOME_TAG: "diverged"}
+        if self.nan_module:
+            tags[NAN_MODULE_TAG] = self.nan_module
+        if tracker := self._open():
+            tracker.set_tags(tags)
+
+    def _params_on_cpu(self) -> dict[str, torch.Tensor]:
+        return {n: _full_param(p).detach().float().cpu().clone() for n, p in self.named}
+
+    def _device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    # ------------------------------------------------------------ MLflow
+
+    def _open(self):
+        """The tracker, opened on first use on rank 0 (other ranks log nothing)."""
+        if self._tracker is None and self.rank == 0 and not self._closed:
+            from runner.store.tracking import open_app_run
+
+            self._tracker, self._owned = open_app_run(self._experiment, self._run_name)
+            self._tracker.set_tags(self._describe())
+        return self._tracker
+
+    def _describe(self) -> dict[str, str]:
+        """What the run's evidence is and is not: diagnose reads these."""
+        return {
+            "hyprun.source": "probe",
+            "hyprun.step_unit": self.step_unit,
+            "hyprun.world_size": str(self.world),
+            "hyprun.device": self._device().type,
+            "hyprun.blocks": self.blocks_path or "none found",
+        }
+
+    def _log(self, metrics: dict[str, float]) -> None:
+        tracker = self._open()
+        if tracker is not None:
+            step = self.tokens if self.step_unit == "tokens" else self.steps
+            tracker.log_metrics(metrics, step=step)
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def _world() -> tuple[int, int]:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_world_size(), torch.distributed.get_rank()
+    return 1, 0
+
+
+def _mean_over_ranks(value: float, world: int) -> float:
+    if world == 1:
+        return value
+    total = torch.tensor([value], dtype=torch.float64)
+    if torch.distributed.get_backend() == "nccl":
+        total = total.cuda()
+    torch.distributed.all_reduce(total)
+    return float(total.item()) / world
+
+
+def _uses_deepspeed(param: torch.nn.Parameter) -> bool:
+    """Whether DeepSpeed owns this parameter's gradient (ZeRO partitions or fp32 master copy)."""
+    return hasattr(param, "ds_id") or getattr(param, "_hp_mapping", None) is not None
+
+
+def _full_grad(param: torch.nn.Parameter) -> torch.Tensor | None:
+    """The whole gradient: DeepSpeed gathers it under ZeRO (as the job does), else `.grad`."""
+    if _uses_deepspeed(param):
+        from runner.job.instrument import full_grad
+
+        return full_grad(param)
+    return param.grad
+
+
+def _full_param(param: torch.nn.Parameter) -> torch.Tensor:
+    if _uses_deepspeed(param):
+        from runner.job.instrument import full_param
+
+        return full_param(param)
+    return param.data
+
+
+def _all_finite(losses: list[torch.Tensor]) -> bool:
+    return bool(torch.isfinite(torch.stack([t.float().reshape(()) for t in losses])).all())
+
+
+def _as_tensor(loss: torch.Tensor | float) -> torch.Tensor:
+    return loss.detach() if torch.is_tensor(loss) else torch.tensor(float(loss))
+
+
+def _loss_of(output: Any) -> torch.Tensor | None:
+    """The loss a forward returned: a scalar tensor, `.loss` (Hugging Face), or `["loss"]`."""
+    if torch.is_tensor(output):
+        return output if output.numel() == 1 else None
+    loss = getattr(output, "loss", None)
+    if loss is None and isinstance(output, dict):
+        loss = output.get("loss")
+    return loss if torch.is_tensor(loss) and loss.numel() == 1 else None
+
+
+def _count_tokens(batch: Any) -> int:
+    """Tokens in a batch: the `input_ids` (or the first integer tensor) found in it."""
+    if torch.is_tensor(batch):
+        return batch.numel() if not batch.is_floating_point() else 0
+    if isinstance(batch, dict) or hasattr(batch, "keys"):
+        if torch.is_tensor(ids := batch.get("input_ids")):
+            return ids.numel()
+        batch = list(batch.values())
+    if isinstance(batch, tuple | list):
+        for item in batch:
+            if count := _count_tokens(item):
+                return count
+    return 0
+
+
+def _sequence_length(batch: Any) -> int:
+    """The last dimension of the batch's token ids (0 when none is found)."""
+    if torch.is_tensor(batch):
+        return batch.shape[-1] if not batch.is_floating_point() and batch.dim() else 0
+    if isinstance(batch, dict) or hasattr(batch, "keys"):
+        if torch.is_tensor(ids := batch.get("input_ids")):
+            return ids.shape[-1]
+        batch = list(batch.values())
+    if isinstance(batch, tuple | list):
+        for item in batch:
+            if length := _sequence_length(item):
+                return length
+    return 0
+
+
+def _input_embedding(model: nn.Module) -> nn.Module | None:
+    """The token embedding: Hugging Face's `get_input_embeddings()`, the built-in GPT's
+    `tok_emb`, else the first `nn.Embedding`."""
+    getter = getattr(model, "get_input_embeddings", None)
+    if callable(getter):
+        try:
+            found = getter()
+        except (NotImplementedError, AttributeError):
+            found = None
+        if isinstance(found, nn.Module) and hasattr(found, "weight"):
+            return found
+    if isinstance(getattr(model, "tok_emb", None), nn.Module):
+        return model.tok_emb
+    return next((m for m in model.modules() if isinstance(m, nn.Embedding)), None)
+
+
+def _flops_per_token(model: nn.Module, given: float | None, seq_len: int) -> tuple[float, str]:
+    """(FLOPs per token, where the number came from); `seq_len` is the attention context seen
+    (0: unknown, the config's maximum is used)."""
+    if given:
+        return float(given), "given"
+    if callable(getattr(model, "flops_per_token", None)):
+        return float(model.flops_per_token()), "model.flops_per_token()"
+    embedding = _input_embedding(model)
+    n_embedding = embedding.weight.numel() if embedding is not None else 0
+    n_params = sum(p.numel() for p in model.parameters()) - n_embedding
+    config = _hf_config(model)
+    if config is not None:
+        layers, heads, width, context = config
+        context = seq_len or context
+        flops = transformer_flops_per_token(n_params, layers, heads, width // heads, context)
+        return flops, "6N + 12LHQT from the model's config"
+    return 6.0 * n_params, "6N (no attention term: unknown architecture)"
+
+
+def _hf_config(model: nn.Module) -> tuple[int, int, int, int] | None:
+    """(layers, heads, width, context) of a Hugging Face transformer found in `model`."""
+    for module in model.modules():
+        config = getattr(module, "config", None)
+        if config is None:
+            continue
+        names = {
+            "layers": ("num_hidden_layers", "n_layer"),
+            "heads": ("num_attention_heads", "n_head"),
+            "width": ("hidden_size", "n_embd"),
+            "context": ("max_position_embeddings", "n_positions", "n_ctx"),
+        }
+        found = [
+            next((getattr(config, n) for n in keys if hasattr(config, n)), None)
+            for keys in names.values()
+        ]
+        if all(isinstance(v, int) and v > 0 for v in found):
+            return tuple(found)
+    return None
+
+
+def _precision(model: nn.Module) -> str:
+    dtype = next(model.parameters()).dtype
+    return {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, "fp32")

@@ -1,0 +1,139 @@
+"""The probe inside Hugging Face's Trainer: a tiny GPT-2 from a config (nothing downloaded)
+trained a few steps with `HyprunTrainerCallback`, its L1 evidence read back from MLflow."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from mlflow.tracking import MlflowClient
+from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
+
+from runner.job.callbacks import HyprunTrainerCallback
+from tests.helpers import metric_history
+
+BATCH, SEQ, VOCAB, STEPS = 4, 16, 96, 12
+
+
+class Tokens(torch.utils.data.Dataset):
+    """Sequences of a repeating pattern plus noise: learnable in a few steps."""
+
+    def __init__(self, n: int = 64, seed: int = 0):
+        rng = torch.Generator().manual_seed(seed)
+        base = torch.arange(SEQ) % 7
+        self.rows = (base + torch.randint(0, VOCAB, (n, 1), generator=rng)) % VOCAB
+
+    def __len__(self):
+        return len(self.rows)
+
+    def __getitem__(self, i):
+        return {"input_ids": self.rows[i], "labels": self.rows[i]}
+
+
+def tiny_gpt2(seed: int = 0) -> GPT2LMHeadModel:
+    torch.manual_seed(seed)
+    config = GPT2Config(vocab_size=VOCAB, n_positions=SEQ, n_embd=32, n_layer=2, n_head=2)
+    return GPT2LMHeadModel(config)
+
+
+def train(tmp_path, model, callbacks, steps: int = STEPS) -> Trainer:
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "out"),
+        max_steps=steps,
+        per_device_train_batch_size=BATCH,
+        learning_rate=3e-3,
+        max_grad_norm=0.5,  # clipping on: the probe must measure before it and keep it
+        logging_steps=1,
+        report_to="none",
+        save_strategy="no",
+        use_cpu=True,
+        seed=0,
+        data_seed=0,
+        dataloader_num_workers=0,
+    )
+    trainer = Trainer(model=model, args=args, train_dataset=Tokens(), callbacks=callbacks)
+    trainer.train()
+    return trainer
+
+
+@pytest.fixture
+def mlflow_env(workdir, monkeypatch):
+    """What hyprun's app adapter does: a run made beforehand, named in the environment."""
+    uri = f"sqlite:///{workdir}/mlflow.db"
+    client = MlflowClient(tracking_uri=uri)
+    experiment = client.create_experiment("app")
+    run_id = client.create_run(experiment).info.run_id
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.setenv("MLFLOW_RUN_ID", run_id)
+    return uri, run_id
+
+
+def test_trainer_callback_logs_the_jobs_l1_metrics(workdir, mlflow_env):
+    uri, run_id = mlflow_env
+    probed = train(workdir, tiny_gpt2(), [HyprunTrainerCallback(every_steps=4)])
+    tokens_per_step = BATCH * SEQ
+    steps = lambda key: [s for s, _ in metric_history(uri, run_id, key)]
+
+    assert steps("train/loss") == [tokens_per_step * k for k in range(1, STEPS + 1)]
+    probed_at = [tokens_per_step * (k + 1) for k in range(0, STEPS, 4)]  # steps 0, 4, 8
+    for key in (
+        "grad/norm",
+        "grad/norm/blocks.0",
+        "grad/norm/blocks.1",
+        "grad/norm/wte",
+        "param/update_ratio",
+        "param/dist_from_init",
+        "param/embedding_rms",
+        "act/rms/blocks.0",
+        "act/write_ratio/blocks.1",
+    ):
+        assert steps(key) == probed_at, key
+    for key in ("perf/mfu", "perf/data_wait_frac", "perf/step_time_s", "anomaly/loss_spike"):
+        assert len(steps(key)) == STEPS, key
+
+    # The gradient norm is the Trainer's own, before clipping: it logged it at every step.
+    theirs = [e["grad_norm"] for e in probed.state.log_history if "grad_norm" in e]
+    ours = [v for _, v in metric_history(uri, run_id, "grad/norm")]
+    assert ours == pytest.approx([theirs[k] for k in range(0, STEPS, 4)], rel=1e-4)
+    assert max(theirs) > 0.5, "clipping must have had something to clip"
+    # The per-block norms add up to the global norm (squares).
+    blocks = [metric_history(uri, run_id, f"grad/norm/{m}")[0][1] for m in ("blocks.0", "blocks.1")]
+    assert math.hypot(*blocks) < ours[0]
+
+    # Clipping taken over, not dropped: training is the same as without the callback.
+    plain = train(workdir, tiny_gpt2(), [])
+    losses = lambda t: [e["loss"] for e in t.state.log_history if "loss" in e]
+    assert losses(probed) == pytest.approx(losses(plain), rel=1e-5)
+    assert probed.args.max_grad_norm == 0.5
+
+    run = MlflowClient(tracking_uri=uri).get_run(run_id)
+    assert run.info.status == "RUNNING", "the adapter owns the run's status, not the probe"
+    assert run.data.tags["hyprun.step_unit"] == "tokens"
+    assert run.data.tags["hyprun.blocks"] == "transformer.h"
+
+
+def test_trainer_callback_names_the_module_of_a_planted_nan(workdir, monkeypatch):
+    uri = f"sqlite:///{workdir}/mlflow.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.delenv("MLFLOW_RUN_ID", raising=False)
+    model = tiny_gpt2()
+    callback = HyprunTrainerCallback(every_steps=4, step_unit="steps")
+
+    class Poison(TrainerCallback):
+        def on_step_end(self, args, state, control, model=None, **kwargs):
+            if state.global_step == 3:
+                with torch.no_grad():
+                    model.transformer.h[1].mlp.c_fc.weight[0, 0] = float("inf")
+
+    trainer = train(workdir, model, [Poison(), callback])
+    assert trainer.state.global_step == 4, "training stops at the first NaN loss"
+    probe = callback.probe
+    assert probe.diverged and probe.nan_module == "transformer.h.1.mlp.c_fc"
+    run = MlflowClient(tracking_uri=uri).get_run(probe.run_id)
+    assert run.data.tags["hyprun.nan_module"] == "transformer.h.1.mlp.c_fc"
+    assert run.data.tags["hyprun.outcome"] == "diverged"
+    assert run.info.status == "FAILED", "a run the probe made is ended by the probe"
+    losses = metric_history(uri, probe.run_id, "train/loss")
+    assert [s for s, _ in losses] == [1, 2, 3, 4]  # step_unit=steps
+    assert math.isnan(losses[-1][1]) and all(math.isfinite(v) for _, v in losses[:-1])
