@@ -30,6 +30,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from runner import markdown
 from runner.control.controller import (
     DEFAULT_PRIMARY,
     Refused,
@@ -319,20 +320,25 @@ def concurrency(store: Store, folder: Path) -> Survived:
 
 
 def table(rows: list[Survived]) -> str:
-    lines = [
-        "| scenario | runs exp/found | points exp/found | duplicates | strikes exp/found "
-        "| notices exp/found | intact | note |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
-    ]
+    head = ["scenario", "runs exp/found", "points exp/found", "duplicates", "strikes exp/found"]
+    head += ["notices exp/found", "intact", "note"]
+    body = []
     for r in rows:
         strikes = "—" if r.strikes_expected is None else f"{r.strikes_expected}/{r.strikes_found}"
         notices = "—" if r.notices_expected is None else f"{r.notices_expected}/{r.notices_found}"
-        lines.append(
-            f"| {r.scenario} | {r.runs_expected}/{r.runs_found} | {r.points_expected}/"
-            f"{r.points_found} | {r.duplicates} | {strikes} | {notices} | "
-            f"{'yes' if r.intact else 'NO'} | {r.note} |"
+        body.append(
+            [
+                r.scenario,
+                f"{r.runs_expected}/{r.runs_found}",
+                f"{r.points_expected}/{r.points_found}",
+                r.duplicates,
+                strikes,
+                notices,
+                "yes" if r.intact else "NO",
+                r.note,
+            ]
         )
-    return "\n".join(lines)
+    return "\n".join(markdown.table(head, body))
 
 
 def main() -> int:

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-from functools import lru_cache
 from pathlib import Path
 
-import yaml
-
-TABLES = Path(__file__).parent / "tables"
+from diag.rules import TABLES, peaks
 
 
 def transformer_flops_per_token(
@@ -23,14 +20,9 @@ def mfu(tokens_per_s: float, flops_per_token: float, peak_flops: float) -> float
     return tokens_per_s * flops_per_token / peak_flops
 
 
-@lru_cache
-def _peaks(table: Path) -> list[dict]:
-    return yaml.safe_load(table.read_text())["peaks"]
-
-
 def device_peak(name: str, precision: str, table: Path = TABLES / "hardware.yaml") -> float | None:
     """The dense peak FLOP/s of one device named `name` at `precision`, or None if unknown."""
-    for row in _peaks(table):
-        if row["match"].lower() in name.lower():
-            return float(row.get(precision, row["bf16"]))
+    for row in peaks(table):
+        if row.match.lower() in name.lower():
+            return float(getattr(row, precision, row.bf16))
     return None

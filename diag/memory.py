@@ -16,21 +16,12 @@ GB here is 10**9 bytes, the unit of the classic tables and of device names ("A10
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-import yaml
+from diag.rules import static_table
 
-TABLES = Path(__file__).parent / "tables"
 GB = 1e9
-
-
-@functools.cache
-def load_table(name: str = "static") -> dict[str, Any]:
-    """A rules table from diag/tables/ (read once per process)."""
-    return yaml.safe_load((TABLES / f"{name}.yaml").read_text())
 
 
 @dataclass(frozen=True)
@@ -51,7 +42,7 @@ class MemoryEstimate:
 
 def state_bytes_per_param(precision: str, optimizer: str = "adam") -> dict[str, float]:
     """Bytes per parameter of weights, grads and optimizer states before sharding."""
-    memory = load_table()["memory"]
+    memory = static_table()["memory"]
     weights = memory["bytes_per_param"][precision]
     return {
         "params": weights["params"],
@@ -74,7 +65,7 @@ def estimate_memory(
     sgd_momentum: 4 B; sgd: 0 B).
     """
     per_param = state_bytes_per_param(precision, optimizer)
-    sharded = load_table()["memory"]["zero_shards"][int(zero_stage)]  # which states are split
+    sharded = static_table()["memory"]["zero_shards"][int(zero_stage)]  # which states are split
     gb = {
         kind: n_params * nbytes / (world if kind in sharded else 1) / GB
         for kind, nbytes in per_param.items()
@@ -158,7 +149,7 @@ def activation_bytes(
     """
     m = _shape(model)
     s, b, h, a, V = m["s"], int(micro_batch), m["d"], m["a"], m["V"]
-    e = load_table()["memory"]["bytes_per_param"][precision]["params"]  # bytes per element
+    e = static_table()["memory"]["bytes_per_param"][precision]["params"]  # bytes per element
     mask = 1 if float(model.get("dropout") or 0.0) > 0 else 0
     mlp_width = (4 if m["mlp"] == "swiglu" else 2) * m["ff"] * m["top_k"] / h
     per_token = e * (5 + 2 + 1 + mlp_width) + 2 * mask  # bytes per (token, hidden unit)

@@ -20,7 +20,8 @@ import numpy as np
 from diag.comm import allreduce_estimate
 from diag.dedup import exact_duplicate_ratio, near_duplicate_ratio, overlap_ratio
 from diag.efficiency import transformer_flops_per_token
-from diag.memory import activation_bytes, count_params, estimate_memory, load_table
+from diag.memory import activation_bytes, count_params, estimate_memory
+from diag.rules import static_table
 
 IGNORE_INDEX = -100
 SEVERITY = {"skip": 0, "pass": 1, "warn": 2, "fail": 3}
@@ -90,7 +91,7 @@ def device_info(
 ) -> DeviceInfo:
     """DeviceInfo from the device table (matched by name); `link_gbps` overrides the table's
     bandwidth (e.g. InfiniBand across nodes), `memory_gb` its memory (e.g. as measured)."""
-    for row in load_table()["devices"]:
+    for row in static_table()["devices"]:
         if all(part.lower() in name.lower() for part in row["match"]):
             link = link_gbps if link_gbps is not None else row["link_gbps"]
             memory = memory_gb if memory_gb is not None else row["memory_gb"]
@@ -119,14 +120,14 @@ def _get(cfg: dict, path: str, default: Any = _ABSENT) -> Any:
 def _family(cfg: dict) -> str | None:
     """Optimizer family ("adam", "sgd") from the class name in optim._target_."""
     name = str(_get(cfg, "optim._target_")).rsplit(".", 1)[-1]
-    for family, names in load_table()["optimizer_families"].items():
+    for family, names in static_table()["optimizer_families"].items():
         if name in names:
             return family
     return None
 
 
 def _builtin(cfg: dict) -> bool:
-    return _get(cfg, "model._target_", None) in load_table()["builtin_models"]
+    return _get(cfg, "model._target_", None) in static_table()["builtin_models"]
 
 
 def _is_gpu(device: DeviceInfo | None) -> bool:
@@ -475,7 +476,7 @@ def check_allreduce(cfg: dict, sample: DataSample, device: DeviceInfo | None, ru
     if not _builtin(cfg):
         return _result(rule, "skip", "unknown", None, "needs the parameter count")
     precision, stage = str(_get(cfg, "ds.precision")), int(_get(cfg, "ds.zero_stage", 0))
-    grad_bytes = load_table()["memory"]["bytes_per_param"][precision]["grads"]
+    grad_bytes = static_table()["memory"]["bytes_per_param"][precision]["grads"]
     estimate = allreduce_estimate(
         count_params(_get(cfg, "model")) * grad_bytes,
         world,
@@ -513,7 +514,7 @@ CHECKS: dict[str, CheckFn] = {
 
 def run_checks(config: dict, sample: DataSample, device: DeviceInfo | None = None) -> list[Check]:
     """All L0 checks, in a fixed order; a check missing a config key it needs is skipped."""
-    table = load_table()["checks"]
+    table = static_table()["checks"]
     results = []
     for check_id, fn in CHECKS.items():
         rule = {**table[check_id], "id": check_id}

@@ -17,27 +17,22 @@ import math
 import numbers
 import re
 from dataclasses import dataclass, field
-from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
-import yaml
+from pydantic import Field as PydanticField
+from pydantic import model_validator
 
 from diag.evidence import Evidence, plain
 from diag.features import Feature, Features, features
+from diag.schema import QUESTIONS, Group, Question, Strict, read_yaml, validated
 
 TABLES_DIR = Path(__file__).parent / "tables"
 """Where the shipped tables live."""
 
-QUESTIONS = ("Q1", "Q2", "Q3")
-"""Q1 why isn't it converging, Q2 what are these early anomaly signals, Q3 why isn't it fast."""
-GROUPS = ("architecture", "training dynamics", "data pipeline", "scaling/distribution")
-"""The groups a diagnostic report sorts its findings into."""
-OPS = (">", "<", ">=", "<=", "==", "!=", "in")
-"""Comparison operators a condition may use (`in`: the value is one of a list)."""
-FIELDS = ("value", "status")
-"""What of a feature a condition reads: its value, or (for `static.<id>`) the check status."""
+ORDERING = (">", "<", ">=", "<=")
+"""Comparison operators that need a numeric threshold."""
 
 SEVERITY_CAP = 1e6
 """A ratio against a zero value would be infinite; the ranking only needs "very far"."""
@@ -55,40 +50,28 @@ STATIC_FALLBACK_GROUP = {
 }
 """Group of such a check, from the question it names."""
 
-_ROW_KEYS = {
-    "id",
-    "table",
-    "group",
-    "question",
-    "evidence",
-    "cause",
-    "first_action",
-    "cards",
-    "when",
-    "priority",
-    "unless",
-    "show",
-    "severity_feature",
-}
-_REQUIRED = ("id", "table", "group", "question", "evidence", "cause", "first_action", "cards")
-_COND_KEYS = {"feature", "field", "op", "threshold"}
-_OBVIOUS_KEYS = {"id", "check", "when"}
-_FILE_KEYS = {"patterns", "obvious"}
 _TEMPLATE = re.compile(r"\{([A-Za-z0-9_./]+)\}")
 
 
-@dataclass(frozen=True)
-class Condition:
+class Condition(Strict):
     """One comparison of a feature with a threshold."""
 
     feature: str
     """Feature name, e.g. `loss_oscillation` or `static.duplicates`."""
-    op: str
-    """One of OPS."""
+    op: Literal[">", "<", ">=", "<=", "==", "!=", "in"]
+    """The comparison; `in`: the value is one of a list."""
     threshold: Any
     """A number for ordering ops; a number, string or null for ==/!=; a list for `in`."""
-    field: str = "value"
+    field: Literal["value", "status"] = "value"
     """`value`, or `status` to read an L0 check's pass | warn | fail | skip."""
+
+    @model_validator(mode="after")
+    def _threshold_fits_op(self) -> Condition:
+        if self.op in ORDERING and not _is_number(self.threshold):
+            raise ValueError(f"op {self.op!r} needs a number, got {self.threshold!r}")
+        if self.op == "in" and not isinstance(self.threshold, list | tuple):
+            raise ValueError(f"op 'in' needs a list, got {self.threshold!r}")
+        return self
 
     def text(self) -> str:
         """`feature op threshold`, as written in the table."""
@@ -96,18 +79,17 @@ class Condition:
         return f"{name} {self.op} {'null' if self.threshold is None else self.threshold}"
 
 
-@dataclass(frozen=True)
-class Pattern:
+class Pattern(Strict):
     """One table row: evidence that, when all its conditions hold, points to a likely cause."""
 
     id: str
     """Unique row id; the finding carries it."""
     table: str
     """The method's table this row belongs to."""
-    group: str
-    """One of GROUPS."""
-    question: str
-    """Q1 | Q2 | Q3."""
+    group: Group
+    """Where a report sorts the finding (one of diag.schema.GROUPS)."""
+    question: Question
+    """Q1 | Q2 | Q3 (diag.schema.QUESTIONS)."""
     evidence: str
     """What was seen, in words; `{feature}` placeholders are filled with measured values."""
     cause: str
@@ -116,7 +98,7 @@ class Pattern:
     """What to check or test first."""
     cards: tuple[str, ...]
     """Hypothesis card ids that test this cause one variable at a time."""
-    when: tuple[Condition, ...]
+    when: tuple[Condition, ...] = PydanticField(min_length=1)
     """Conditions, all of which must hold."""
     priority: int = 0
     """Ranking tier; higher first, severity breaks ties within a tier."""
@@ -128,19 +110,27 @@ class Pattern:
     severity_feature: str | None = None
     """A feature whose numeric value is the severity, instead of the conditions' ratios."""
     source: str = ""
-    """The file the row came from (for messages)."""
+    """The file the row came from (for messages; set by the loader, not written in YAML)."""
 
 
-@dataclass(frozen=True)
-class ObviousCheck:
+class ObviousCheck(Strict):
     """One item of the method's "check the obvious first" list."""
 
     id: str
     """Check id."""
     check: str
     """The question it answers, in words."""
-    when: tuple[Condition, ...]
+    when: tuple[Condition, ...] = PydanticField(min_length=1)
     """Conditions that all hold on a sane run; any that fails makes the check fail."""
+
+
+class TableFile(Strict):
+    """A pattern-table file: rows, and optionally items of the obvious-first list."""
+
+    patterns: tuple[dict, ...] = ()
+    """Pattern rows (validated one by one, so an error names its row)."""
+    obvious: tuple[dict, ...] = ()
+    """Obvious-first checks (validated one by one)."""
 
 
 @dataclass
@@ -223,128 +213,25 @@ def _json_num(x: Any) -> Any:
 # ---------------------------------------------------------------- loading
 
 
-def _fail(path: Path, rid: Any, problem: str, fix: str) -> ValueError:
-    return ValueError(f"{path}: row {rid!r}: {problem}; {fix}")
-
-
 def _is_number(x: Any) -> bool:
     """A real number (numpy scalars included), not a bool."""
-    return isinstance(x, numbers.Real) and not isinstance(x, (bool, np.bool_))
+    return isinstance(x, numbers.Real) and not isinstance(x, bool | np.bool_)
 
 
-def _conditions(path: Path, rid: Any, raw: Any) -> tuple[Condition, ...]:
-    if not isinstance(raw, list) or not raw:
-        raise _fail(path, rid, "`when` must be a non-empty list", "add at least one condition")
-    out = []
-    for i, cond in enumerate(raw):
-        if not isinstance(cond, dict):
-            raise _fail(path, rid, f"when[{i}] is not a mapping", "write {feature, op, threshold}")
-        unknown = set(cond) - _COND_KEYS
-        if unknown:
-            raise _fail(
-                path,
-                rid,
-                f"unknown key {sorted(unknown)[0]!r} in when[{i}]",
-                f"allowed: {', '.join(sorted(_COND_KEYS))}",
-            )
-        for key in ("feature", "op", "threshold"):
-            if key not in cond:
-                raise _fail(path, rid, f"when[{i}] lacks {key!r}", "write {feature, op, threshold}")
-        op, threshold = cond["op"], cond["threshold"]
-        if op not in OPS:
-            raise _fail(path, rid, f"unknown op {op!r} in when[{i}]", f"use one of {' '.join(OPS)}")
-        if op in (">", "<", ">=", "<=") and not _is_number(threshold):
-            raise _fail(path, rid, f"op {op!r} needs a number, got {threshold!r}", "write a number")
-        if op == "in" and not isinstance(threshold, list):
-            raise _fail(path, rid, f"op 'in' needs a list, got {threshold!r}", "write [a, b]")
-        fld = cond.get("field", "value")
-        if fld not in FIELDS:
-            raise _fail(path, rid, f"unknown field {fld!r} in when[{i}]", "use value or status")
-        out.append(Condition(str(cond["feature"]), op, threshold, fld))
-    return tuple(out)
+def _row(model: type[Strict], path: Path, item: Any, kind: str) -> Any:
+    """One entry of a table file, validated; errors name the file and the entry's id."""
+    entry = item.get("id") if isinstance(item, dict) else None
+    return validated(model, item, f"{path}: {kind} {entry!r}")
 
 
-def _as_strings(path: Path, rid: Any, key: str, raw: Any) -> tuple[str, ...]:
-    if raw is None:
-        return ()
-    if not isinstance(raw, list) or not all(isinstance(x, str) for x in raw):
-        raise _fail(path, rid, f"`{key}` must be a list of strings", f"write {key}: [a, b]")
-    return tuple(raw)
-
-
-def _pattern(path: Path, row: Any) -> Pattern:
-    if not isinstance(row, dict):
-        raise ValueError(f"{path}: a row is not a mapping; write `- id: ...` entries")
-    rid = row.get("id")
-    unknown = set(row) - _ROW_KEYS
-    if unknown:
-        raise _fail(
-            path,
-            rid,
-            f"unknown key {sorted(unknown)[0]!r}",
-            f"allowed: {', '.join(sorted(_ROW_KEYS))}",
-        )
-    for key in (*_REQUIRED, "when"):
-        if key not in row or row[key] in (None, ""):
-            raise _fail(path, rid, f"missing field {key!r}", f"add `{key}:` to the row")
-    if row["group"] not in GROUPS:
-        raise _fail(
-            path, rid, f"unknown group {row['group']!r}", f"use one of: {', '.join(GROUPS)}"
-        )
-    if row["question"] not in QUESTIONS:
-        raise _fail(path, rid, f"unknown question {row['question']!r}", "use Q1, Q2 or Q3")
-    priority = row.get("priority", 0)
-    if not isinstance(priority, int) or isinstance(priority, bool):
-        raise _fail(path, rid, f"priority {priority!r} is not an integer", "write e.g. 50")
-    sev = row.get("severity_feature")
-    if sev is not None and not isinstance(sev, str):
-        raise _fail(path, rid, "severity_feature must be a feature name", "write a string")
-    return Pattern(
-        id=str(rid),
-        table=str(row["table"]),
-        group=row["group"],
-        question=row["question"],
-        evidence=str(row["evidence"]),
-        cause=str(row["cause"]),
-        first_action=str(row["first_action"]),
-        cards=_as_strings(path, rid, "cards", row["cards"]),
-        when=_conditions(path, rid, row["when"]),
-        priority=priority,
-        unless=_as_strings(path, rid, "unless", row.get("unless")),
-        show=_as_strings(path, rid, "show", row.get("show")),
-        severity_feature=sev,
-        source=str(path),
-    )
-
-
-_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-
-
-@lru_cache(maxsize=64)
-def _parse(path: str, mtime_ns: int, size: int) -> Any:
-    """Parsed YAML, cached by path and modification stamp (an edited table is reread)."""
-    try:
-        return yaml.load(Path(path).read_text(), Loader=_Loader)
-    except yaml.YAMLError as err:
-        line = " ".join(str(err).split())
-        raise ValueError(f"{path}: not valid YAML ({line}); fix the syntax") from None
-
-
-def _table_files(tables_dir: Path) -> list[tuple[Path, dict]]:
-    """(path, parsed mapping) of the table files in `tables_dir`."""
+def _table_files(tables_dir: Path) -> list[tuple[Path, TableFile]]:
+    """(path, validated file) of the table files in `tables_dir`: YAML files whose top level
+    has `patterns:` or `obvious:` (others there, such as hardware peaks, are not tables)."""
     out = []
     for path in sorted(Path(tables_dir).glob("*.yaml")):
-        stat = path.stat()
-        data = _parse(str(path), stat.st_mtime_ns, stat.st_size)
-        if not isinstance(data, dict) or not (_FILE_KEYS & set(data)):
-            continue
-        unknown = set(data) - _FILE_KEYS
-        if unknown:
-            raise ValueError(
-                f"{path}: unknown top-level key {sorted(unknown)[0]!r}; "
-                f"a table file holds only {' and '.join(sorted(_FILE_KEYS))}"
-            )
-        out.append((path, data))
+        data = read_yaml(path)
+        if isinstance(data, dict) and {"patterns", "obvious"} & set(data):
+            out.append((path, validated(TableFile, data, str(path))))
     return out
 
 
@@ -353,48 +240,29 @@ def load_tables(tables_dir: Path | str = TABLES_DIR) -> list[Pattern]:
     field, a duplicate id or an `unless` naming no row is a ValueError naming file and row."""
     rows: list[Pattern] = []
     seen: dict[str, Path] = {}
-    for path, data in _table_files(Path(tables_dir)):
-        raw = data.get("patterns") or []
-        if not isinstance(raw, list):
-            raise ValueError(f"{path}: `patterns` must be a list of rows; write `- id: ...`")
-        for item in raw:
-            row = _pattern(path, item)
+    for path, table in _table_files(Path(tables_dir)):
+        for item in table.patterns:
+            row = _row(Pattern, path, item, "row").model_copy(update={"source": str(path)})
             if row.id in seen:
-                raise _fail(path, row.id, f"duplicate id (also in {seen[row.id]})", "rename one")
+                raise ValueError(f"{path}: row {row.id!r}: duplicate id (also in {seen[row.id]})")
             seen[row.id] = path
             rows.append(row)
     for row in rows:
         for other in row.unless:
             if other not in seen:
-                raise _fail(
-                    Path(row.source), row.id, f"unless names unknown row {other!r}", "fix the id"
+                raise ValueError(
+                    f"{row.source}: row {row.id!r}: unless names unknown row {other!r}; fix the id"
                 )
     return rows
 
 
 def load_obvious(tables_dir: Path | str = TABLES_DIR) -> list[ObviousCheck]:
     """The "check the obvious first" items from the `obvious:` sections."""
-    out = []
-    for path, data in _table_files(Path(tables_dir)):
-        for item in data.get("obvious") or []:
-            if not isinstance(item, dict):
-                raise ValueError(f"{path}: an obvious check is not a mapping; write `- id: ...`")
-            cid = item.get("id")
-            unknown = set(item) - _OBVIOUS_KEYS
-            if unknown:
-                raise _fail(
-                    path,
-                    cid,
-                    f"unknown key {sorted(unknown)[0]!r}",
-                    f"allowed: {', '.join(sorted(_OBVIOUS_KEYS))}",
-                )
-            for key in sorted(_OBVIOUS_KEYS):
-                if not item.get(key):
-                    raise _fail(path, cid, f"missing field {key!r}", f"add `{key}:`")
-            out.append(
-                ObviousCheck(str(cid), str(item["check"]), _conditions(path, cid, item["when"]))
-            )
-    return out
+    return [
+        _row(ObviousCheck, path, item, "obvious check")
+        for path, table in _table_files(Path(tables_dir))
+        for item in table.obvious
+    ]
 
 
 # ---------------------------------------------------------------- evaluation
@@ -531,7 +399,10 @@ def _static_fallback(evidence: Evidence, rows: list[Pattern], feats: Features) -
                 cause=str(check.get("why") or "a failed static check"),
                 first_action="fix the configuration the check names, then rerun the baseline",
                 cards=[],
-                severity=_ratio(Condition(name, "==", "fail", "status"), feat) or 1.0,
+                severity=_ratio(
+                    Condition(feature=name, op="==", threshold="fail", field="status"), feat
+                )
+                or 1.0,
                 numbers={name: feat.value},
                 details=[feat.detail],
                 table="L0 static checks",

@@ -18,19 +18,14 @@ from typing import Any
 
 import yaml
 
+from diag.schema import QUESTIONS
+
 CARDS_DIR = Path(__file__).parent
 """Where the shipped cards live (the package folder, so an installed wheel finds them too)."""
 
 MAX_BYTES = 64 * 1024
 """Largest card file read: a real card is a few hundred bytes; a bigger one is a mistake or an
 attack, and refusing it before parsing bounds the work the parser can be made to do."""
-
-QUESTIONS = {
-    "Q1": "why isn't it converging?",
-    "Q2": "what are these early anomaly signals?",
-    "Q3": "why isn't it fast enough?",
-}
-"""The method's three core questions; every card answers one."""
 
 DIRECTIONS = ("min", "max")
 """Whether a metric is better lower (`min`, e.g. eval/loss) or higher (`max`, tokens/s)."""
@@ -43,8 +38,22 @@ OVERRIDE = re.compile(rf"^(?P<add>\+{{0,2}})(?P<key>{_KEY})=(?P<value>\S.*)$")
 """A Hydra override `key=value` (optionally `+key=` or `++key=` to add a key the baseline
 lacks). Deletions (`~key`) are not a hypothesis: nothing is tested by removing a key."""
 
-RELATIVE = re.compile(r"^\*(?P<factor>\S+)$")
-"""A relative value `*F`: the baseline's value times F (`optim.lr=*0.1` reduces the LR 10x)."""
+FACTOR = re.compile(r"^(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?$")
+"""A plain positive decimal number, as written after `*` in a relative value."""
+
+
+def relative_factor(value: str) -> float | None:
+    """F of a relative value `*F` (the baseline's value times F: `optim.lr=*0.1` is a tenth of
+    the baseline's LR); None when `value` is not relative; ValueError when F is not a plain,
+    finite number > 0 (`*1_0`, `*inf`, `*-1` and `*0` are refused, not guessed)."""
+    value = value.strip()
+    if not value.startswith("*"):
+        return None
+    factor = value[1:]
+    if not FACTOR.match(factor) or not math.isfinite(float(factor)) or float(factor) <= 0:
+        raise ValueError(f"'*F' needs a finite factor F > 0, a plain number: got {value!r}")
+    return float(factor)
+
 
 _FIELDS = {
     "id": "the file stem, e.g. id: lr_down_10x",
@@ -304,19 +313,12 @@ def _delta(path: Path, value: Any) -> tuple[str, ...]:
                 f"{entry!r} is not a Hydra override key=value",
                 "e.g. optim.lr=3e-4, sched=wsd or optim.betas=[0.9,0.95]",
             )
-        relative = RELATIVE.match(match["value"])
-        if relative:
-            try:
-                factor = float(relative["factor"])
-            except ValueError:
-                factor = math.nan
-            if not math.isfinite(factor) or factor <= 0:
-                raise _fail(
-                    path,
-                    "delta",
-                    f"{entry!r}: '*F' needs a finite factor F > 0",
-                    "e.g. optim.lr=*0.1 for a tenth of the baseline's LR",
-                )
+        try:
+            relative_factor(match["value"])
+        except ValueError as err:
+            raise _fail(
+                path, "delta", f"{entry!r}: {err}", "e.g. optim.lr=*0.1 for a tenth of the LR"
+            ) from None
     keys = sorted({override_key(e) for e in delta})
     if len(keys) != 1:
         raise _fail(

@@ -289,6 +289,7 @@ BAD = [
     ("two variables", '["optim.lr=*0.1"]', '["optim.lr=*0.1", "sched=wsd"]', ["delta: sets 2"]),
     ("bad factor", '["optim.lr=*0.1"]', '["optim.lr=*ten"]', ["delta:", "factor F > 0"]),
     ("zero factor", '["optim.lr=*0.1"]', '["optim.lr=*0"]', ["delta:", "factor F > 0"]),
+    ("underscore factor", '["optim.lr=*0.1"]', '["optim.lr=*1_0"]', ["delta:", "factor F > 0"]),
     (
         "guards not list",
         "guards:\n  - {metric: perf/tokens_per_s, direction: max}",

@@ -19,13 +19,21 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 # A room may import the rooms listed for it, and nothing else of hyprun's.
-BASE = {"runner.errors", "runner.compose", "runner.provenance", "diag", "hypotheses"}
+BASE = {
+    "runner.errors",
+    "runner.compose",
+    "runner.provenance",
+    "runner.markdown",
+    "diag",
+    "hypotheses",
+}
 ALLOWED = {
     "diag": {"diag"},
     "hypotheses": {"diag", "hypotheses"},
     "runner.errors": set(),
     "runner.compose": {"runner.errors"},
     "runner.provenance": set(),
+    "runner.markdown": set(),
     "runner.store": BASE | {"runner.store"},
     "runner.job": BASE | {"runner.store", "runner.job"},
     "runner.launch": BASE | {"runner.store", "runner.job", "runner.launch"},

@@ -352,3 +352,36 @@ def test_device_table():
 def test_worst_status(healthy, small_sample):
     assert worst(run_checks(healthy, small_sample)) == "pass"
     assert worst(run_checks(with_keys(healthy, optim__lr=0.0), small_sample)) == "fail"
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "named"),
+    [
+        ("    min_steps: 20\n", "    min_stepz: 20\n", "unknown key 'min_stepz'"),
+        ("    warn_above: 0.85", "    warn_above: lots", "checks.memory.warn_above"),
+        ('      few: "with fewer', '      fewer: "with fewer', "why lacks the outcome(s) few"),
+    ],
+)
+def test_a_typo_in_the_static_table_is_one_line_naming_file_and_field(
+    tmp_path, before, after, named
+):
+    """The L0 settings are validated when read, not a KeyError in the middle of a check."""
+    from diag.rules import TABLES, static_table
+
+    text = (TABLES / "static.yaml").read_text()
+    assert before in text
+    broken = tmp_path / "static.yaml"
+    broken.write_text(text.replace(before, after, 1))
+    with pytest.raises(ValueError) as err:
+        static_table(broken)
+    message = str(err.value)
+    assert named in message and "static.yaml" in message and "\n" not in message
+
+
+def test_a_device_peak_without_a_precision_is_refused(tmp_path):
+    from diag.rules import peaks
+
+    table = tmp_path / "hardware.yaml"
+    table.write_text("peaks:\n  - {match: H100, bf16: 989.0e12, fp16: 989.0e12}\n")
+    with pytest.raises(ValueError, match=r"hardware.yaml: missing field 'fp32' in peaks.0"):
+        peaks(table)

@@ -626,7 +626,7 @@ def test_missing_series_means_missing_feature():
     feats = features(ev)
     for name in ("grad_norm_median", "grad_layer_ratio", "attn_entropy_min", "mfu"):
         assert name not in feats
-    assert holds(Condition("grad_norm_median", "<", 1e-4), feats) is None
+    assert holds(Condition(feature="grad_norm_median", op="<", threshold=1e-4), feats) is None
 
 
 def test_every_table_feature_exists():
@@ -790,12 +790,12 @@ def write(tmp_path: Path, text: str) -> Path:
     ("before", "after", "message"),
     [
         ("cards: [x]", "cards: [x]\n    colour: red", "unknown key 'colour'"),
-        ('op: "=="', 'op: "~="', "unknown op '~='"),
+        ('op: "=="', 'op: "~="', "when.0.op: Input should be"),
         ("    cause: c\n", "", "missing field 'cause'"),
         ('op: "==", threshold: 1', 'op: "<", threshold: 1e-5', "needs a number"),
-        ("group: training dynamics", "group: vibes", "unknown group 'vibes'"),
-        ("question: Q1", "question: Q4", "unknown question 'Q4'"),
-        ("threshold: 1}", "treshold: 1}", "unknown key 'treshold' in when[0]"),
+        ("group: training dynamics", "group: vibes", "group: Input should be"),
+        ("question: Q1", "question: Q4", "question: Input should be 'Q1', 'Q2' or 'Q3', got 'Q4'"),
+        ("threshold: 1}", "treshold: 1}", "unknown key 'treshold' in when.0"),
         ("cards: [x]", "cards: [x]\n    unless: [nope]", "unless names unknown row 'nope'"),
     ],
 )

@@ -23,6 +23,8 @@ from pathlib import Path
 from statistics import fmean
 from typing import Any
 
+from runner import markdown
+
 CLEARLY_WORSE = -0.05
 """A test rejected at full budget with an effect at or below this (5% worse) was clearly worse:
 early rejection should have stopped it."""
@@ -116,19 +118,9 @@ def render_markdown(
         + f": {summary['scenarios']} scenarios, seeds {meta['seeds']}, "
         f"{meta['jobs']} at a time on {meta['cpus']} CPUs, {meta['wall_seconds'] / 60:.1f} min.",
         "",
-        "| scenario | true cause | rank | findings (top 3) | verdicts in order | strikes | tokens "
-        "| time |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
-    for r in results:
-        rank = str(r["rank"]) if r["rank"] else ("—" if r.get("diagnosed") else "n/a")
-        if r["kind"] != "fault":
-            rank = "(control)" if not r["findings"] else "(false alarm)"
-        lines.append(
-            f"| {r['name']} | {r['fault']}{_ids(r['cause'])} | {rank} | "
-            f"{', '.join(r['findings'][:3]) or 'none'} | {_verdicts(r)} | {r['strikes']} | "
-            f"{_k(r['tokens_spent'])} | {r['seconds']:.0f} s |"
-        )
+    head = ["scenario", "true cause", "rank", "findings (top 3)", "verdicts in order", "strikes"]
+    lines += markdown.table([*head, "tokens", "time"], [_row(r) for r in results])
     s = summary
     lines += [
         "",
@@ -161,6 +153,23 @@ def write(
     (out / "latest.md").write_text(render_markdown(results, summary, meta))
     document = {"meta": meta, "summary": summary, "scenarios": results}
     (out / "latest.json").write_text(json.dumps(document, indent=1, default=str) + "\n")
+
+
+def _row(r: dict[str, Any]) -> list[str]:
+    """One scenario's table row."""
+    rank = str(r["rank"]) if r["rank"] else ("—" if r.get("diagnosed") else "n/a")
+    if r["kind"] != "fault":
+        rank = "(control)" if not r["findings"] else "(false alarm)"
+    return [
+        r["name"],
+        f"{r['fault']}{_ids(r['cause'])}",
+        rank,
+        ", ".join(r["findings"][:3]) or "none",
+        _verdicts(r),
+        str(r["strikes"]),
+        _k(r["tokens_spent"]),
+        f"{r['seconds']:.0f} s",
+    ]
 
 
 def _verdicts(r: dict[str, Any]) -> str:

@@ -23,6 +23,8 @@ from typing import Any, NamedTuple
 
 from matplotlib.figure import Figure
 
+from diag.schema import QUESTIONS
+from runner import markdown
 from runner.store.investigation import STRIKES, State, Store, Test
 from runner.store.tracking import redact
 
@@ -33,11 +35,6 @@ PLOTS = {  # metric -> file stem; each test's primary metric is added when it is
     "train/loss": "train_loss",
     "grad/norm": "grad_norm",
     "perf/data_wait_frac": "data_wait",
-}
-QUESTIONS = {
-    "Q1": "why isn't it converging?",
-    "Q2": "what are these early anomaly signals?",
-    "Q3": "why isn't it fast?",
 }
 HYPOTHESIS_HEAD = [
     "test",
@@ -366,29 +363,21 @@ def plot(store: Store, state: State, metric: str, path: Path) -> Path | None:
 # ------------------------------------------------------------------------------------ rendering
 
 
-def _md_cell(text: str) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
-
-
 def render_markdown(report: Report) -> str:
     """The report as GitHub-flavoured Markdown, images linked beside it."""
     lines = [f"# Investigation {report.name}", ""]
-    lines += [f"- **{label}**: {_md_cell(value)}" for label, value in report.facts]
+    lines += [f"- **{label}**: {markdown.cell(value)}" for label, value in report.facts]
     for table in report.tables:
         lines += ["", f"## {table.title}", ""] + ([table.intro, ""] if table.intro else [])
         if not table.rows:
             lines.append(f"_{table.empty}_")
             continue
-        lines += ["| " + " | ".join(table.head) + " |", "|" + " --- |" * len(table.head)]
-        for row in table.rows:
-            cells = [
-                f"`{_md_cell(c)}`" if i in table.code else _md_cell(c) for i, c in enumerate(row)
-            ]
-            lines.append("| " + " | ".join(cells) + " |")
+        rows = [[f"`{c}`" if i in table.code else c for i, c in enumerate(r)] for r in table.rows]
+        lines += markdown.table(table.head, rows)
     if report.reasons:
         lines += ["", "### Why each test ran, and its verdict", ""]
         lines += [
-            f"- **{test}**: {_md_cell(why) or '—'} → {_md_cell(reason) or '—'}"
+            f"- **{test}**: {markdown.cell(why) or '—'} → {markdown.cell(reason) or '—'}"
             for test, why, reason in report.reasons
         ]
     lines += ["", "## Plots", ""] + [f"![{p.stem}]({p.name})" for p in report.images]

@@ -29,7 +29,7 @@ from rich.console import Console
 
 from diag.verdict import MetricSpec, compare, early_reject
 from hypotheses.schema import Card, load_cards
-from runner import provenance
+from runner import markdown, provenance
 from runner.compose import compose
 from runner.control.notify import notify
 from runner.control.one_variable import Delta, measure
@@ -567,14 +567,20 @@ def escalate(store: Store, state: State) -> None:
         f"Baseline: `{' '.join(state.baseline['overrides']) or 'defaults'}`, "
         f"{state.baseline['seeds']} seeds, git {state.baseline['git_sha'][:10]}.",
         "",
-        "| test | delta | verdict | measured | claimed |",
-        "| --- | --- | --- | --- | --- |",
     ]
-    for t in state.tests:
-        measured, claimed = t.tags.get("hyprun.reason", ""), t.tags.get("hyprun.claimed", "")
-        lines.append(
-            f"| H{t.number} | `{' '.join(t.delta)}` | {t.verdict} | {measured} | {claimed} |"
-        )
+    lines += markdown.table(
+        ["test", "delta", "verdict", "measured", "claimed"],
+        [
+            [
+                f"H{t.number}",
+                f"`{' '.join(t.delta)}`",
+                t.verdict,
+                t.tags.get("hyprun.reason", ""),
+                t.tags.get("hyprun.claimed", ""),
+            ]
+            for t in state.tests
+        ],
+    )
     lines += [
         "",
         "## Questions for a human",

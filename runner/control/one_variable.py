@@ -9,7 +9,6 @@ its own subtree (`sched=wsd` swaps the whole `sched` node).
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -18,11 +17,11 @@ from typing import Any
 import yaml
 from omegaconf import OmegaConf
 
+from hypotheses.schema import relative_factor
 from runner.compose import compose
 from runner.errors import BadInput
 
 CONTROLLED = Path(__file__).with_name("controlled.yaml")
-RELATIVE = re.compile(r"^\*(?P<factor>[-+0-9.eE]+)$")
 
 
 @dataclass(frozen=True)
@@ -63,14 +62,15 @@ def resolve_relative(baseline: dict[str, Any], overrides: list[str]) -> list[str
     resolved = []
     for override in overrides:
         key, _, value = override.partition("=")
-        match = RELATIVE.match(value.strip())
-        if match:
+        try:
+            factor = relative_factor(value)
+        except ValueError as err:
+            raise BadInput(f"{override}: {err}") from None
+        if factor is not None:
             current = OmegaConf.select(OmegaConf.create(baseline), key.lstrip("+~"))
             if not isinstance(current, int | float) or isinstance(current, bool):
                 raise BadInput(f"{override}: '*F' scales a number, but {key} is {current!r}")
-            scaled = float(
-                f"{current * float(match['factor']):.6g}"
-            )  # 1e-06, not 1.0000000000000002e-06
+            scaled = float(f"{current * factor:.6g}")  # 1e-06, not 1.0000000000000002e-06
             if isinstance(current, int) and scaled.is_integer():
                 scaled = int(scaled)
             override = f"{key}={scaled!r}"
