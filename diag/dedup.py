@@ -194,7 +194,7 @@ def cluster_labels(n: int, pairs: np.ndarray) -> np.ndarray:
         label = new
 
 
-def near_duplicate_ratio(
+def near_duplicate_mask(
     rows: Rows,
     threshold: float = 0.8,
     ngram: int = 5,
@@ -202,28 +202,42 @@ def near_duplicate_ratio(
     seed: int = 0,
     mask: np.ndarray | None = None,
     bands: int = 16,
-) -> float:
-    """Fraction of rows a near-dedup would remove, beyond exact copies.
+) -> np.ndarray:
+    """Boolean per row: True where a near-dedup would remove the row, beyond exact copies.
 
     Rows are joined when the Jaccard similarity of their sets of token `ngram`-shingles is
     >= threshold, transitively (a cluster of edits of one text is one cluster even if two
-    edits differ more than the threshold allows); all rows but one per cluster count.
-    MinHash (`num_perm` hash functions) and LSH (`bands` bands of num_perm/bands rows; with
-    16x4, a pair at Jaccard 0.8 becomes a candidate with probability ~0.9999, at 0.3 ~0.12)
-    find candidate pairs; each candidate's Jaccard is then computed exactly, so the ratio has
-    no MinHash estimation noise. Exact copies are left to `exact_duplicate_ratio`, so the two
-    numbers add up rather than overlap.
+    edits differ more than the threshold allows); every row but the earliest of its cluster is
+    marked. MinHash (`num_perm` hash functions) and LSH (`bands` bands of num_perm/bands rows;
+    with 16x4, a pair at Jaccard 0.8 becomes a candidate with probability ~0.9999, at 0.3
+    ~0.12) find candidate pairs; each candidate's Jaccard is then computed exactly, so the
+    result has no MinHash estimation noise. Exact copies are left to `first_occurrences`
+    (they are never marked here), so the two counts add up rather than overlap.
     """
     if num_perm % bands:
         raise ValueError(f"num_perm={num_perm} must be a multiple of bands={bands}")
     tokens, lengths = compact(rows, mask)
-    n = len(tokens)
-    if n == 0:
-        return 0.0
+    near = np.zeros(len(tokens), dtype=bool)
     keep = np.flatnonzero(first_occurrences(tokens) & (lengths > 0))
+    if len(keep) == 0:
+        return near
     hashes, valid = shingle_hashes(tokens[keep], lengths[keep], ngram)
     signatures = minhash_signatures(hashes, valid, num_perm, seed)
     pairs = lsh_candidates(signatures, bands)
     similar = pairs[jaccard(hashes, valid, pairs) >= threshold]
-    clusters = len(np.unique(cluster_labels(len(keep), similar)))
-    return float((len(keep) - clusters) / n)
+    labels = cluster_labels(len(keep), similar)
+    near[keep] = labels != np.arange(len(keep))  # a label is its cluster's earliest row
+    return near
+
+
+def near_duplicate_ratio(rows: Rows, **options) -> float:
+    """Fraction of rows a near-dedup would remove, beyond exact copies (see
+    `near_duplicate_mask` for the options)."""
+    near = near_duplicate_mask(rows, **options)
+    return float(near.mean()) if len(near) else 0.0
+
+
+def deduplicated(rows: Rows, mask: np.ndarray | None = None, **options) -> np.ndarray:
+    """Indices of the rows an exact + near dedup keeps: the first of each cluster, in order."""
+    near = near_duplicate_mask(rows, mask=mask, **options)
+    return np.flatnonzero(first_occurrences(rows, mask) & ~near)

@@ -350,6 +350,7 @@ def _efficiency(ev: Evidence, out: Features) -> None:
         if pts:
             med = S.median(pts)
             out[name] = Feature(med, f"{what}: median {_g(med)} over {len(pts)} windows")
+    _data_wait_at_best_speed(ev, out)
     device = ev.tags.get(DEVICE_TAG)
     out["on_cpu"] = Feature(
         float(device == "cpu"),
@@ -360,6 +361,39 @@ def _efficiency(ev: Evidence, out: Features) -> None:
     if mem:
         top = max(v for _, v in mem)
         out["peak_mem_gb"] = Feature(top, f"peak memory {top:.3g} GB")
+
+
+FASTEST_WINDOWS = 0.1
+"""Quantile of the per-window compute seconds taken as the machine's unloaded speed: on a
+shared machine the load comes and goes, and the fastest tenth of the windows ran nearest to
+what the job's compute costs alone."""
+
+
+def _data_wait_at_best_speed(ev: Evidence, out: Features) -> None:
+    """The data-wait share judged from seconds: the median wait per step against the compute
+    seconds per step of the fastest windows. A busy machine stretches the compute and shrinks
+    the measured share of the same wait (4% busy, 64% idle for one loader delay); this share
+    does not move with load, and `input_bound` reads the larger of the two."""
+    wait = _finite(ev.points("perf/data_wait_s"))
+    compute = _finite(ev.points("perf/compute_s"))
+    if not wait or not compute:  # a run logged before the seconds were: the share alone
+        if "data_wait_frac" in out:
+            measured = out["data_wait_frac"]
+            out["data_wait_share"] = Feature(measured.value, measured.detail)
+        return
+    wait_s = S.median(wait)
+    best = float(np.quantile([v for _, v in compute], FASTEST_WINDOWS))
+    out["data_wait_s"] = Feature(wait_s, f"data wait per step: median {_g(wait_s)} s")
+    out["compute_s_best"] = Feature(
+        best, f"compute per step in the fastest {FASTEST_WINDOWS:.0%} of windows: {_g(best)} s"
+    )
+    share = wait_s / (wait_s + best) if wait_s + best > 0 else 0.0
+    measured = out["data_wait_frac"].value if "data_wait_frac" in out else 0.0
+    out["data_wait_share"] = Feature(
+        max(share, measured),
+        f"data wait {_g(wait_s)} s per step against {_g(best)} s of compute at the job's best "
+        f"speed: {share:.0%} of a step (measured share {measured:.0%}; the larger is judged)",
+    )
 
 
 def _obvious(ev: Evidence, out: Features) -> None:

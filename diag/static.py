@@ -57,6 +57,10 @@ class DataSample:
     """Input tokens [m, T] of the held-out set."""
     heldout_y: np.ndarray | None = None
     """Held-out targets [m, T], if known: lets padding be ignored when comparing rows."""
+    whole_pool: bool = False
+    """True when train_x is every row of the training pool (one epoch of a finite pool), so
+    duplicate rates are the pool's; False for a sample of the stream, where a copy whose
+    source fell outside the sample goes unseen (the rate is then a lower bound)."""
 
     def __post_init__(self) -> None:
         self.train_x, self.train_y = np.asarray(self.train_x), np.asarray(self.train_y)
@@ -417,12 +421,23 @@ def _grade(value: float, rule: Rule) -> str:
     return "warn" if value > rule["warn_above"] else "pass"
 
 
+def _measured_over(sample: DataSample) -> str:
+    """What a duplicate rate was measured over, for its message: the denominator."""
+    if sample.whole_pool:
+        return f"of all {len(sample.train_x)} rows of the training pool"
+    return (
+        f"of {len(sample.train_x)} sampled rows (copies within the sample only: a lower bound "
+        "on the whole data's rate)"
+    )
+
+
 def check_duplicates(cfg: dict, sample: DataSample, device: DeviceInfo | None, rule: Rule) -> Check:
-    """Rows of the training sample whose real tokens repeat an earlier row exactly."""
+    """Rows of the training pool (or sample) whose real tokens repeat an earlier row exactly,
+    found by hashing every row."""
     ratio = exact_duplicate_ratio(sample.train_x, mask=sample.train_y != IGNORE_INDEX)
     threshold = (
         f"exact duplicates <= {rule['warn_above']:.0%} (fail > {rule['fail_above']:.0%}) "
-        f"of {len(sample.train_x)} sampled rows"
+        f"{_measured_over(sample)}"
     )
     status = _grade(ratio, rule)
     return _result(rule, status, "pass" if status == "pass" else "duplicated", ratio, threshold)
@@ -442,7 +457,8 @@ def check_near_duplicates(
     )
     threshold = (
         f"near duplicates (Jaccard of {rule['ngram']}-gram sets >= {rule['threshold']}, "
-        f"exact copies excluded) <= {rule['warn_above']:.0%} (fail > {rule['fail_above']:.0%})"
+        f"exact copies excluded) <= {rule['warn_above']:.0%} (fail > {rule['fail_above']:.0%}) "
+        f"{_measured_over(sample)}"
     )
     status = _grade(ratio, rule)
     return _result(rule, status, "pass" if status == "pass" else "duplicated", ratio, threshold)

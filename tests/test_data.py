@@ -320,3 +320,18 @@ def test_loader_delay_slows_train():
     began = time.perf_counter()
     source.train(0, 4, seed=0)
     assert time.perf_counter() - began >= 0.05
+
+
+def test_near_duplicates_are_planted_and_dedup_removes_exact_and_near_copies():
+    from diag.dedup import exact_duplicate_ratio, near_duplicate_ratio
+
+    planted = Synthetic(**SMALL, duplicate_frac=0.3, near_duplicate_frac=0.1)
+    x, y = (t.numpy() for t in planted.train(0, planted.pool_size, 0))
+    real = y != -100
+    assert exact_duplicate_ratio(x, mask=real) > 0.2
+    assert near_duplicate_ratio(x, mask=real) > 0.07  # one changed token: Jaccard ~0.85
+    clean = Synthetic(**SMALL, duplicate_frac=0.3, near_duplicate_frac=0.1, dedup=True)
+    assert clean.pool_size < 0.75 * planted.pool_size
+    x, y = (t.numpy() for t in clean.train(0, clean.pool_size, 0))
+    assert exact_duplicate_ratio(x, mask=y != -100) == 0.0
+    assert near_duplicate_ratio(x, mask=y != -100) == 0.0

@@ -76,7 +76,9 @@ def test_nan_finding_names_the_module(workdir):
 def test_input_bound_job_is_a_speed_question(workdir):
     document = diagnosed(workdir, *FAULTS["input-bound loader"][0])
     assert document["question"] == "Q3"
-    assert document["findings"][0]["numbers"]["data_wait_frac"] > 0.5
+    # Judged from the wait seconds against the fastest windows' compute: the measured share
+    # alone read 0.11 here while other jobs loaded the machine.
+    assert document["findings"][0]["numbers"]["data_wait_share"] > 0.2
 
 
 def test_healthy_run_raises_no_alarm(workdir):

@@ -64,11 +64,13 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     from omegaconf import OmegaConf
 
     from runner.compose import compose
-    from runner.control.diagnose import diagnose, render_checks, render_diagnosis
+    from runner.control.diagnose import default_run, diagnose, render_checks, render_diagnosis
 
     tracking = compose([]).tracking
     uri = args.uri or OmegaConf.select(tracking, "uri")
-    run_id, document = diagnose(uri, args.run, args.experiment or tracking.experiment)
+    experiment = args.experiment or tracking.experiment
+    run_id = args.run or default_run(uri, experiment, args.investigation)
+    run_id, document = diagnose(uri, run_id, experiment)
     if args.json:
         print(json.dumps(document, indent=2, default=str))
     else:
@@ -121,6 +123,11 @@ def cmd_baseline(args: argparse.Namespace) -> int:
         f"baseline of investigation {state.name!r} recorded ({args.seeds} seeds, "
         f"parent run {state.run_id}); next: hyprun test CARD --why ..."
     )
+    document = store.json_artifact(state.run_id, "diagnosis.json")
+    if document:
+        from runner.control.diagnose import render_top
+
+        render_top(Console(highlight=False, soft_wrap=True), document)
     return 0
 
 
@@ -295,7 +302,12 @@ def parser() -> argparse.ArgumentParser:
     check.add_argument("--link-gbps", type=float, help="all-reduce link bandwidth in Gbit/s")
     check.add_argument("--world", type=int, default=1, help="number of processes (GPUs)")
     diagnose = commands["diagnose"]
-    diagnose.add_argument("--run", help="MLflow run id (default: the newest finished run)")
+    diagnose.add_argument(
+        "--run",
+        help="MLflow run id (default: seed 0 of the investigation's baseline; with no "
+        "investigation, the newest finished run)",
+    )
+    diagnose.add_argument("--investigation", help="name (default: the newest one)")
     diagnose.add_argument("--experiment", help="MLflow experiment (default: the config's)")
     diagnose.add_argument("--uri", help="MLflow tracking URI (default: the config's)")
     for name in ("check", "diagnose", "profile"):

@@ -18,22 +18,34 @@ from rich.table import Table
 from diag.evidence import Evidence
 from diag.static import DataSample, DeviceInfo, device_info, run_checks
 from diag.triage import triage
+from hypotheses.applies import unchanged_by
+from hypotheses.schema import load_cards
 from runner.errors import BadInput
+from runner.store.investigation import Store
 from runner.store.tracking import latest_run, read_run, record_diagnosis
 
 SAMPLE_ROWS = 2048
+"""Rows read from a source without a finite pool (token and text files: random windows)."""
+MAX_POOL_ROWS = 1 << 18
+"""A pool up to this size is read whole for the data checks (exact duplicates by hashing every
+row, near ones by MinHash + LSH over every row: ~5 s for 65,536 rows of 64 tokens)."""
 STATUS_STYLE = {"pass": "green", "warn": "yellow", "fail": "red", "skip": "dim"}
 
 
 def data_sample(config: dict[str, Any], rows: int = SAMPLE_ROWS) -> DataSample:
-    """The first training sequences the job sees and its held-out set, as numpy arrays."""
+    """The training data the job sees and its held-out set, as numpy arrays: the whole pool
+    (its first epoch) when the source has a finite one, else the first `rows` sequences."""
     try:
         source = instantiate(config["data"]["source"])
     except Exception as error:
         raise BadInput(f"data.source cannot be built for the static checks: {error}") from None
-    x, y = source.train(0, rows, config["budget"]["data_seed"])
+    pool = getattr(source, "pool_size", None)
+    whole = isinstance(pool, int) and 0 < pool <= MAX_POOL_ROWS
+    x, y = source.train(0, pool if whole else rows, config["budget"]["data_seed"])
     heldout_x, _ = source.heldout(config["budget"]["eval_sequences"])
-    return DataSample(train_x=x.numpy(), train_y=y.numpy(), heldout_x=heldout_x.numpy())
+    return DataSample(
+        train_x=x.numpy(), train_y=y.numpy(), heldout_x=heldout_x.numpy(), whole_pool=whole
+    )
 
 
 def this_device(world: int) -> DeviceInfo:
@@ -50,14 +62,36 @@ def static_checks(config: dict[str, Any], device: DeviceInfo | None = None) -> l
     return [_plain(asdict(c)) for c in checks]
 
 
-def diagnose(uri: str, run_id: str | None, experiment: str) -> tuple[str, dict[str, Any]]:
-    """(run id, diagnosis document) of a recorded run; the document is also logged on it."""
-    run_id = run_id or latest_run(uri, experiment)
+def default_run(uri: str, experiment: str, investigation: str | None = None) -> str:
+    """The run `hyprun diagnose` reads when none is named: seed 0 of the baseline of the named
+    (else the newest) investigation, where the evidence a user asks about lives; with no
+    investigation at all, the newest finished run (e.g. a plain `hyprun train`)."""
+    try:
+        state = Store(uri, experiment).find_any(investigation)
+    except BadInput:
+        if investigation is not None:
+            raise
+        state = None
+    if state is not None and state.baseline and state.baseline.get("seed_runs"):
+        return state.baseline["seed_runs"][0]
+    if state is not None:
+        raise BadInput(
+            f"investigation {state.name!r} has no recorded baseline yet: run 'hyprun baseline' "
+            "first, or name a run with --run"
+        )
+    run_id = latest_run(uri, experiment)
     if run_id is None:
         raise BadInput(
             f"no finished run in experiment {experiment!r} at {uri}: "
             "run a job first (hyprun train), or name one with --run"
         )
+    return run_id
+
+
+def diagnose(uri: str, run_id: str | None, experiment: str) -> tuple[str, dict[str, Any]]:
+    """(run id, diagnosis document) of a recorded run (default: see `default_run`); the
+    document is also logged on it."""
+    run_id = run_id or default_run(uri, experiment)
     try:
         config, series, tags = read_run(uri, run_id)
     except Exception as error:
@@ -65,8 +99,26 @@ def diagnose(uri: str, run_id: str | None, experiment: str) -> tuple[str, dict[s
     world = int(tags.get("hyprun.world_size", "1"))
     evidence = Evidence(config, series, tags, static_checks(config, this_device(world)))
     document = {"run_id": run_id, **triage(evidence).to_dict(), "static": evidence.static}
+    drop_noop_cards(document["findings"], config)
     record_diagnosis(uri, run_id, document)
     return run_id, document
+
+
+def drop_noop_cards(findings: list[dict[str, Any]], config: dict[str, Any]) -> None:
+    """Remove from each finding the cards that would change nothing in this run's config (a
+    rejected no-op still costs a strike); what was removed and why stays on the finding."""
+    cards = load_cards()
+    for finding in findings:
+        kept, dropped = [], []
+        for card_id in finding["cards"]:
+            reason = unchanged_by(cards[card_id], config) if card_id in cards else None
+            if reason:
+                dropped.append({"card": card_id, "reason": reason})
+            else:
+                kept.append(card_id)
+        finding["cards"] = kept
+        if dropped:
+            finding["cards_not_suggested"] = dropped
 
 
 def render_checks(console: Console, checks: list[dict]) -> None:
@@ -114,6 +166,20 @@ def render_diagnosis(console: Console, document: dict[str, Any]) -> None:
             ", ".join(f["cards"]),
         )
     console.print(table)
+
+
+def render_top(console: Console, document: dict[str, Any], top: int = 3) -> None:
+    """The core question and the top findings with their cards, in a few lines (what
+    `hyprun baseline` ends with; `hyprun diagnose` shows the full tables)."""
+    console.print(f"core question: [bold]{document['question']}[/]")
+    findings = document["findings"]
+    if not findings:
+        console.print("[green]No pattern fired: no finding to test.[/]")
+    for rank, f in enumerate(findings[:top], 1):
+        cards = ", ".join(f["cards"]) or "no card"
+        console.print(f"  {rank}. {f['id']}: {f['evidence']} -> {cards}", markup=False)
+    if len(findings) > top:
+        console.print(f"  ... {len(findings) - top} more: hyprun diagnose", markup=False)
 
 
 def _fmt(value: Any) -> str:

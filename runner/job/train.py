@@ -220,6 +220,10 @@ class TrainLoop:
                         "perf/step_time_s": elapsed / window_steps,
                         "perf/tokens_per_s": tokens_per_s,
                         "perf/data_wait_frac": data_wait / elapsed,
+                        # Seconds as well as the share: a loaded machine slows the compute,
+                        # not a loader's wait, so the share alone flips with machine load.
+                        "perf/data_wait_s": data_wait / window_steps,
+                        "perf/compute_s": (elapsed - data_wait) / window_steps,
                         **tools.loss(last_loss),
                         **tools.efficiency(tokens_per_s),
                     },

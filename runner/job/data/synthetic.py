@@ -9,6 +9,9 @@ A pool of n_train sequences is generated once per parameter set (cached in-proce
 training stream visits it in seed-drawn epoch permutations. Each pathology knob draws from its
 own random stream, so switching one on leaves everything else about the data unchanged:
   duplicate_frac  that fraction of pool rows become exact copies of a few other rows
+  near_duplicate_frac  that fraction become copies of other rows with one token changed
+  dedup           drop exact and near-duplicate rows from the pool (diag/dedup.py: hashes, and
+                  MinHash + LSH at Jaccard >= 0.8 of 5-gram sets), as a dedup pass would
   label_noise     that fraction of targets (y only) become a different, uniform random token
   min_len         real length ~ U[min_len, seq_len]; the rest is padding (x=0, y=-100)
   loader_delay_ms train() sleeps this long per call (an input-bound job)
@@ -26,10 +29,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from diag.dedup import deduplicated
 from runner.job.data.sequences import IGNORE_INDEX, check_span, pool_indices
 
 # Random streams of one language, as the middle entry of [language_seed, stream, round].
-LANGUAGE, TRAIN, LENGTHS, NOISE, DUPLICATES, HELDOUT = range(6)
+LANGUAGE, TRAIN, LENGTHS, NOISE, DUPLICATES, HELDOUT, NEAR_DUPLICATES = range(7)
 COPIES_PER_DUPLICATED_ROW = 16  # duplicate_frac reuses about n_dup / 16 source rows
 HELDOUT_ROUNDS = 8  # attempts to find enough held-out rows not in the train pool
 
@@ -126,6 +130,29 @@ def add_duplicates(x: np.ndarray, y: np.ndarray, frac: float, rng: np.random.Gen
     x[targets], y[targets] = x[picks], y[picks]
 
 
+def add_near_duplicates(
+    x: np.ndarray, y: np.ndarray, frac: float, vocab_size: int, rng: np.random.Generator
+) -> None:
+    """Overwrite `frac` of the rows with copies of other rows that differ in one token, in place.
+
+    The changed token is the last real one (a template with another ending): of its S n-gram
+    shingles one differs, a Jaccard of (S-1)/(S+1) (0.97 at 64 tokens and 5-grams), a
+    near-duplicate at the usual 0.8 cut at any length. Sources and targets are distinct rows,
+    so no near copy is also an exact copy.
+    """
+    n, width = x.shape
+    n_near = min(round(frac * n), n // 2)
+    if n_near <= 0 or width < 2:
+        return
+    order = rng.permutation(n)
+    targets, sources = order[:n_near], order[n_near : 2 * n_near]
+    x[targets], y[targets] = x[sources], y[sources]
+    real = (y[targets] != IGNORE_INDEX).sum(axis=1)
+    where = np.maximum(real - 1, 1)  # x[p] is y[p-1]: change both, so the row stays a text
+    new = (x[targets, where] + rng.integers(1, vocab_size, n_near)) % vocab_size
+    x[targets, where], y[targets, where - 1] = new, new
+
+
 def row_keys(x: np.ndarray) -> list[bytes]:
     """Hashable bytes per row, for exact-duplicate checks."""
     return [row.tobytes() for row in x]
@@ -172,6 +199,8 @@ def build_pools(
     duplicate_frac: float,
     label_noise: float,
     min_len: int | None,
+    near_duplicate_frac: float = 0.0,
+    dedup: bool = False,
 ) -> Pools:
     """Generate (and cache: many jobs share one process) the train and held-out pools."""
     language = make_language(vocab_size, branching, language_seed)
@@ -182,6 +211,12 @@ def build_pools(
     x, y = to_xy(tokens, lengths)
     add_label_noise(y, label_noise, vocab_size, stream_rng(language_seed, NOISE))
     add_duplicates(x, y, duplicate_frac, stream_rng(language_seed, DUPLICATES))
+    add_near_duplicates(
+        x, y, near_duplicate_frac, vocab_size, stream_rng(language_seed, NEAR_DUPLICATES)
+    )
+    if dedup:
+        keep = deduplicated(x, mask=y != IGNORE_INDEX)
+        x, y = x[keep], y[keep]
     x_held, y_held = sample_heldout(
         language, n_heldout, seq_len, copy_prob, min_len, language_seed, x
     )
@@ -226,6 +261,8 @@ class Synthetic:
         label_noise: float = 0.0,
         min_len: int | None = None,
         loader_delay_ms: float = 0.0,
+        near_duplicate_frac: float = 0.0,
+        dedup: bool = False,
     ) -> None:
         for key, value, low in (
             ("data.vocab_size", vocab_size, 2),
@@ -252,6 +289,11 @@ class Synthetic:
         _check_fraction("copy_prob", float(copy_prob))
         _check_fraction("duplicate_frac", float(duplicate_frac), upper_open=True)
         _check_fraction("label_noise", float(label_noise))
+        if not 0.0 <= float(near_duplicate_frac) <= 0.5:
+            raise ValueError(
+                f"near_duplicate_frac={near_duplicate_frac} must be in [0, 0.5] (each near copy "
+                "needs its own source row): set data.source.near_duplicate_frac"
+            )
         self.vocab_size = int(vocab_size)
         self.seq_len = int(seq_len)
         self.n_train = int(n_train)
@@ -263,6 +305,8 @@ class Synthetic:
         self.label_noise = float(label_noise)
         self.min_len = None if min_len is None else int(min_len)
         self.loader_delay_ms = float(loader_delay_ms)
+        self.near_duplicate_frac = float(near_duplicate_frac)
+        self.dedup = bool(dedup)
         self.pools()  # generate now, so bad settings fail at construction
 
     def pools(self) -> Pools:
@@ -278,6 +322,8 @@ class Synthetic:
             self.duplicate_frac,
             self.label_noise,
             self.min_len,
+            self.near_duplicate_frac,
+            self.dedup,
         )
 
     def train(self, start: int, count: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -286,8 +332,13 @@ class Synthetic:
         if self.loader_delay_ms > 0:
             time.sleep(self.loader_delay_ms / 1000.0)
         pools = self.pools()
-        rows = pool_indices(start, count, seed, self.n_train)
+        rows = pool_indices(start, count, seed, self.pool_size)
         return torch.from_numpy(pools.x_train[rows]), torch.from_numpy(pools.y_train[rows])
+
+    @property
+    def pool_size(self) -> int:
+        """Rows in the training pool (n_train, fewer after dedup): one epoch visits each once."""
+        return len(self.pools().x_train)
 
     def heldout(self, count: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The first `count` held-out sequences (copies, so callers may modify them)."""
@@ -316,6 +367,9 @@ class Synthetic:
             "pad_frac": float((y == IGNORE_INDEX).mean()),
             "copy_frac": pools.copy_frac,
             "duplicate_frac": self.duplicate_frac,
+            "near_duplicate_frac": self.near_duplicate_frac,
+            "dedup": int(self.dedup),
+            "pool_size": len(x),
             "label_noise": self.label_noise,
             "bigram_entropy": bigram_entropy(x, y),
             "uniform_entropy": math.log(self.vocab_size),
