@@ -4,6 +4,7 @@ escalation, reset, and the claim protocol under concurrency."""
 from __future__ import annotations
 
 import json
+import re
 import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
@@ -119,10 +120,21 @@ def test_verdicts_strikes_escalation_and_reset(store, low_lr, workdir, webhook, 
         "optim.lr": "0.001",
         "baseline.optim.lr": "1e-05",
     }
-    means = store.client.get_metric_history(h1.info.run_id, "seed_mean")
+    means = store.client.get_metric_history(h1.info.run_id, "test_mean/eval_loss")
     assert [m.step for m in means] == [better.verdict["tokens"]]
     assert means[0].value == pytest.approx(better.verdict["test_value"])
-    assert {"effect", "noise", "seed_std", "baseline_mean", "baseline_std"} <= set(h1.data.metrics)
+    # Named for what they measure; the effect is the change as measured: the loss went down.
+    numbers = ("effect", "noise", "test_std", "baseline_mean", "baseline_std")
+    assert {f"{n}/eval_loss" for n in numbers} <= set(h1.data.metrics)
+    change = h1.data.metrics["effect/eval_loss"]
+    assert change < -0.01 and change == pytest.approx(
+        better.verdict["test_value"] / better.verdict["baseline_value"] - 1
+    )
+    # The run's name answers "which fix, how much, against what noise" in the runs table.
+    assert re.fullmatch(
+        r"H1 optim\.lr 1e-05\u21920\.001 · confirmed · eval/loss \u2212\d[\d.]*% ± [\d.]+%",
+        h1.info.run_name,
+    ), h1.info.run_name
     for seed_run in store.seed_runs(h1.info.run_id):
         assert seed_run.data.tags["hyprun.variable"] == "optim.lr"
         assert seed_run.data.tags["hyprun.role"] == "test-seed"
@@ -142,7 +154,7 @@ def test_verdicts_strikes_escalation_and_reset(store, low_lr, workdir, webhook, 
     with open(report) as file:
         text = file.read()
     assert "Is the data sufficient" in text and "optim.lr=1e-07" in text
-    assert client.get_run(state.tests[1].run_id).info.run_name.endswith("· rejected")
+    assert " · rejected · eval/loss " in client.get_run(state.tests[1].run_id).info.run_name
 
     from runner.cli.report import write_report
 

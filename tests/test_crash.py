@@ -15,6 +15,7 @@ import time
 import pytest
 
 from bench.faults import uninterrupted
+from diag.effect import change
 from runner.control.controller import DEFAULT_PRIMARY, decide, record_baseline
 from runner.store.investigation import Store
 from tests.helpers import metric_history, python_env
@@ -90,7 +91,8 @@ def test_kill_9_of_a_running_test_resumes_to_the_same_verdict(workdir, seed):
             )
     straight = decide(store, state, reference, DEFAULT_PRIMARY, [])
     assert test.verdict == straight["status"]
-    assert float(test.tags["hyprun.effect"]) == pytest.approx(straight["effect"], rel=1e-6)
+    resumed = store.run(test.run_id).data.metrics["effect/eval_loss"]
+    assert resumed == pytest.approx(change(straight), rel=1e-6)
 
 
 def _seed_runs(store: Store, test_run: str) -> dict[int, str]:

@@ -224,7 +224,7 @@ def _investigation(store: Store, out: Path) -> tuple[Store, State, Path]:
             "hyprun.best_run": trials[1],
         },
     )
-    store.metrics(h3, {"effect": 0.05, "noise": 0.01})
+    store.metrics(h3, {"effect/eval_loss": -0.05, "noise/eval_loss": 0.01})
     swept = {
         "status": "confirmed",
         "metric": "eval/loss",
@@ -260,7 +260,7 @@ def test_the_report_holds_every_section_with_the_tests_numbers(report):
 
     rows = {line.split(" | ")[0]: line for line in md.splitlines() if line.startswith("| H")}
     assert rows["| H1"] == (
-        "| H1 | `ds=fp16` | confirmed | +2.40% ± 0.30% (z 8.0) | "
+        "| H1 | `ds=fp16` | confirmed | perf/tokens_per_s +24% ± 0.3% (better, 8.0σ) | "
         "25% faster | perf/tokens_per_s 100 → 124 at 4,096 tokens | 8,192 | "
         "0 (0%) |"
     )
@@ -271,7 +271,7 @@ def test_the_report_holds_every_section_with_the_tests_numbers(report):
     # A sweep of 2 trials x 2 seeds: one trial pruned after 1,024 tokens, the best ran out.
     assert rows["| H3"].startswith(
         "| H3 | `optim.lr=choice(1e-4, 3e-3) → optim.lr=0.003` | "
-        "confirmed | +5.00% ± 1.00% (z 5.0) |"
+        "confirmed | eval/loss \u22125% ± 1% (better, 5.0σ) |"
     )
     assert rows["| H3"].endswith("| 9,216 | 7,168 (44%) |")
     assert rows["| H4"] == "| H4 | `model.norm=rmsnorm` | running | — | — | — | 0 | 0 (0%) |"

@@ -103,12 +103,13 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
 
 def _store(overrides: list[str] | None = None, experiment: str | None = None):
-    """The investigations' MLflow store: the config's tracking URI and experiment."""
+    """The investigations' MLflow store: the config's tracking URI and experiment. Commands find
+    investigations in any experiment of the store unless `--experiment` names one."""
     from runner.compose import compose
     from runner.store.investigation import Store
 
     tracking = compose(overrides or []).tracking
-    return Store(tracking.uri, experiment or tracking.experiment)
+    return Store(tracking.uri, experiment or tracking.experiment, pinned=experiment is not None)
 
 
 def cmd_baseline(args: argparse.Namespace) -> int:
@@ -164,6 +165,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             "delta": " ".join(t.delta),
             "card": t.card,
             "verdict": t.verdict,
+            "effect": t.tags.get("hyprun.effect", ""),
             "reason": t.tags.get("hyprun.reason", ""),
             "run_id": t.run_id,
             "slurm": jobs.get(t.run_id, {}),
@@ -183,12 +185,12 @@ def cmd_status(args: argparse.Namespace) -> int:
         return 0
     title = f"{state.name}: {state.strikes} strike(s)" + (" — escalated" if state.escalated else "")
     table = Table(title=title, title_justify="left")
-    columns = ["test", "delta", "verdict", "reason"] + (["slurm"] if jobs else [])
+    columns = ["test", "delta", "verdict", "effect", "reason"] + (["slurm"] if jobs else [])
     for column in columns:
         table.add_column(column, overflow="fold")
     for row in rows:
         slurm = " ".join(f"{job}:{state}" for job, state in row["slurm"].items())
-        cells = [row["test"], row["delta"], row["verdict"], row["reason"]]
+        cells = [row["test"], row["delta"], row["verdict"], row["effect"], row["reason"]]
         table.add_row(*cells, *([slurm] if jobs else []))
     Console(highlight=False).print(table)
     return 0

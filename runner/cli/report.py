@@ -23,6 +23,7 @@ from typing import Any, NamedTuple
 
 from matplotlib.figure import Figure
 
+from diag.effect import change, describe, metric_key
 from diag.schema import QUESTIONS
 from runner import markdown
 from runner.store.investigation import STRIKES, State, Store, Test
@@ -40,7 +41,7 @@ HYPOTHESIS_HEAD = [
     "test",
     "delta",
     "verdict",
-    "effect ± noise (+ = better)",
+    "effect: change vs baseline ± noise",
     "claimed",
     "measured",
     "tokens spent",
@@ -248,14 +249,7 @@ def _features_table(features: dict[str, dict]) -> Table:
 def _test_row(store: Store, test: Test, budget: int | None, baseline: dict | None) -> TestRow:
     """One test's row: its verdict.json, its metrics and the tokens its seed jobs trained."""
     verdict = _verdict(store, test)
-    metrics = store.run(test.run_id).data.metrics
-    effect = metrics.get("effect", verdict.get("effect"))
-    noise = metrics.get("noise", verdict.get("noise"))
-    shown = "—"
-    if effect is not None:
-        shown = f"{effect * 100:+.2f}%" + (f" ± {noise * 100:.2f}%" if noise is not None else "")
-        if verdict.get("z") is not None:
-            shown += f" (z {verdict['z']:.1f})"
+    shown = _effect(verdict, store.run(test.run_id).data.metrics) if verdict else "—"
     jobs = store.jobs_below(test.run_id)
     spent = sum(int(r.data.tags.get("hyprun.tokens", 0)) for r in jobs)
     trials = max(1, len(verdict.get("trials", [])))
@@ -276,6 +270,21 @@ def _test_row(store: Store, test: Test, budget: int | None, baseline: dict | Non
     ]
     primary = verdict.get("metric") or "eval/loss"
     return TestRow(row, test.tags.get("hyprun.reason", ""), spent, saved, primary)
+
+
+def _effect(verdict: dict[str, Any], metrics: dict[str, float]) -> str:
+    """`eval/loss −3.2% ± 0.2% (better, 9.1σ)`: the change as measured (diag/effect.py's one
+    sign convention), then whether that is better for the metric and how many sigmas."""
+    if verdict.get("noise") is None:  # older runs: the noise only as the test run's metric
+        key = metric_key(verdict.get("metric") or "eval/loss")
+        verdict = {**verdict, "noise": metrics.get(f"noise/{key}", metrics.get("noise"))}
+    if change(verdict) is None:
+        return "—"  # nothing compared; `measured` says where it stopped
+    shown = describe(verdict)
+    z = verdict.get("z")
+    if isinstance(z, int | float):
+        shown += f" ({'better' if z > 0 else 'worse' if z < 0 else 'no change'}, {abs(z):.1f}σ)"
+    return shown
 
 
 def _measured(verdict: dict[str, Any]) -> str:

@@ -27,6 +27,7 @@ from typing import Any
 from omegaconf import DictConfig
 from rich.console import Console
 
+from diag.effect import change, describe, metric_key
 from diag.verdict import MetricSpec, compare, early_reject
 from hypotheses.schema import Card, load_cards
 from runner import markdown, provenance
@@ -417,24 +418,34 @@ def record_error(store: Store, test_run: str, label: str, error: BaseException) 
     return Outcome(1, label.split()[0], {"status": "error"})
 
 
-AGGREGATES = {  # verdict field -> metric on the test run, so the runs table sorts by them
-    "effect": "effect",
+VERDICT_NUMBERS = {  # verdict field -> metric name prefix; the primary metric is the suffix
     "noise": "noise",
-    "test_value": "seed_mean",
-    "test_sigma": "seed_std",
+    "test_value": "test_mean",
+    "test_sigma": "test_std",
     "baseline_value": "baseline_mean",
     "baseline_sigma": "baseline_std",
-    "tokens_saved": "tokens_saved",
 }
 
 
 def aggregates(verdict: dict[str, Any]) -> dict[str, float]:
-    """The verdict's numbers as metrics (logged at the matched token count)."""
+    """The verdict's numbers as metrics of the test run, named for what they measure:
+    `effect/eval_loss` (relative change, sign as measured: diag/effect.py), `noise/eval_loss`,
+    `test_mean/eval_loss`, ... One primary metric per column, so a sort never mixes units."""
+    key = metric_key(verdict.get("metric") or DEFAULT_PRIMARY.metric)
+    found = {f"effect/{key}": change(verdict)}
+    found |= {f"{prefix}/{key}": verdict.get(field) for field, prefix in VERDICT_NUMBERS.items()}
+    found["tokens_saved_frac"] = verdict.get("tokens_saved")
     return {
-        name: verdict[key]
-        for key, name in AGGREGATES.items()
-        if isinstance(verdict.get(key), int | float)
+        name: float(value)
+        for name, value in found.items()
+        if isinstance(value, int | float) and math.isfinite(value)
     }
+
+
+def run_name(label: str, verdict: dict[str, Any]) -> str:
+    """`H1 optim.lr 1e-05→0.001 · confirmed · eval/loss −3.2% ± 0.2%`: the runs table answers
+    which fix worked, by how much and against what noise, without a column added."""
+    return f"{label} · {verdict['status']} · {describe(verdict)}"
 
 
 def record_verdict(
@@ -452,18 +463,19 @@ def record_verdict(
             "hyprun.verdict": verdict["status"],
             "hyprun.strike": str(verdict["status"] == "rejected").lower(),
             "hyprun.reason": verdict["reason"],
-            "hyprun.effect": verdict["effect"],
+            "hyprun.effect": describe(verdict),
             "hyprun.early": str(bool(verdict.get("early"))).lower(),
             **extra,
         },
     )
     store.metrics(test_run, aggregates(verdict), step=verdict.get("tokens") or 0)
-    store.text(test_run, json.dumps(verdict, indent=2, default=str), "verdict.json")
-    store.rename(test_run, f"{label} · {verdict['status']}")
+    shown = {**verdict, "change": change(verdict), "shown": describe(verdict)}
+    store.text(test_run, json.dumps(shown, indent=2, default=str), "verdict.json")
+    store.rename(test_run, run_name(label, verdict))
     store.finish(test_run)
     state = store.refresh(state)
     store.note(state.run_id, summary(state))
-    console.print(f"{label}: {verdict['status']} — {verdict['reason']}")
+    console.print(f"{run_name(label, verdict)} — {verdict['reason']}")
     if state.escalated:
         escalate(store, state)
     return Outcome(0, label.split()[0], verdict)
@@ -502,6 +514,7 @@ class EarlyRejection:
         return {
             "status": "rejected",
             "early": True,
+            "metric": self.primary.metric,
             "reason": reason,
             "effect": None,
             "noise": None,
@@ -569,12 +582,13 @@ def escalate(store: Store, state: State) -> None:
         "",
     ]
     lines += markdown.table(
-        ["test", "delta", "verdict", "measured", "claimed"],
+        ["test", "delta", "verdict", "effect", "measured", "claimed"],
         [
             [
                 f"H{t.number}",
                 f"`{' '.join(t.delta)}`",
                 t.verdict,
+                t.tags.get("hyprun.effect", ""),
                 t.tags.get("hyprun.reason", ""),
                 t.tags.get("hyprun.claimed", ""),
             ]

@@ -40,7 +40,7 @@ class Delta:
     def describe(self) -> str:
         if self.variable in self.changes:
             before, after = self.changes[self.variable]
-            return f"{self.variable}: {before} -> {after}"
+            return f"{self.variable} {before}\u2192{after}"  # `optim.lr 1e-05→0.001`
         return f"{self.variable}: " + " ".join(self.overrides)
 
 

@@ -95,10 +95,15 @@ class State:
 
 
 class Store:
-    """Reads and writes investigations in one MLflow experiment."""
+    """Reads and writes investigations in an MLflow store.
 
-    def __init__(self, uri: str, experiment: str):
-        self.uri, self.experiment = uri, experiment
+    New investigations go into `experiment`. Existing ones are found there first, then in the
+    store's other experiments (the demo writes to `hyprun-demo`, a user's config may say
+    `hyprun`), unless `pinned` (the user named the experiment). Once an investigation is found,
+    the store follows it into its experiment, so its tests' runs land beside it."""
+
+    def __init__(self, uri: str, experiment: str, pinned: bool = False):
+        self.uri, self.experiment, self.pinned = uri, experiment, pinned
         self.client = MlflowClient(tracking_uri=uri)
 
     def create(self, name: str, description: str) -> str:
@@ -116,13 +121,14 @@ class Store:
         if name is not None:
             parent = self._parent(name)
             if parent is None:
-                raise BadInput(f"no investigation {name!r}: start one with 'hyprun baseline'")
-            return self.state(parent)
+                raise BadInput(f"no investigation {name!r}{self._elsewhere()}")
+            return self._follow(parent)
         for parent in self._parents():
             state = self.state(parent)
             if not state.escalated:
+                self._follow(parent)
                 return state
-        raise BadInput("no open investigation: start one with 'hyprun baseline'")
+        raise BadInput(f"no open investigation{self._elsewhere()}")
 
     def find_any(self, name: str | None) -> State:
         """The named investigation, or the most recent one, escalated or not."""
@@ -130,8 +136,27 @@ class Store:
             return self.find(name)
         parents = self._parents()
         if not parents:
-            raise BadInput("no investigation yet: start one with 'hyprun baseline'")
-        return self.state(parents[0])
+            raise BadInput(f"no investigation yet{self._elsewhere()}")
+        return self._follow(parents[0])
+
+    def _follow(self, parent) -> State:
+        """The investigation's state; the store now writes into the investigation's experiment."""
+        self.experiment = self.client.get_experiment(parent.info.experiment_id).name
+        return self.state(parent)
+
+    def _elsewhere(self) -> str:
+        """The end of a not-found message: where investigations are, or how to start one."""
+        searched = f"experiment {self.experiment!r}" if self.pinned else "this MLflow store"
+        found = {}
+        if self.pinned:
+            for run in self._search(self._experiment_ids(others=True)):
+                found.setdefault(run.info.experiment_id, []).append(run)
+        if not found:
+            return f" in {searched} ({self.uri}): start one with 'hyprun baseline'"
+        names = ", ".join(
+            f"{self.client.get_experiment(e).name!r} ({len(runs)})" for e, runs in found.items()
+        )
+        return f" in {searched}; investigations are in experiment {names}: pass --experiment NAME"
 
     def state(self, parent) -> State:
         tags = parent.data.tags
@@ -246,13 +271,29 @@ class Store:
         return [r for r in self._children(parent_id) if "hyprun.seed" in r.data.tags]
 
     def _parents(self) -> list:
-        found = self.client.get_experiment_by_name(self.experiment)
-        if found is None:
+        """Investigation runs, newest first: this experiment's, then (unless pinned) the rest."""
+        found = self._search(self._experiment_ids(others=False))
+        if not self.pinned:
+            found += self._search(self._experiment_ids(others=True))
+        return found
+
+    def _experiment_ids(self, others: bool) -> list[str]:
+        """This experiment's id (when it exists), or the ids of every other experiment."""
+        if not others:
+            mine = self.client.get_experiment_by_name(self.experiment)
+            return [mine.experiment_id] if mine else []
+        return [
+            e.experiment_id for e in self.client.search_experiments() if e.name != self.experiment
+        ]
+
+    def _search(self, experiment_ids: list[str]) -> list:
+        if not experiment_ids:
             return []
         return self.client.search_runs(
-            [found.experiment_id],
+            experiment_ids,
             filter_string=f"tags.`{ROLE}` = 'investigation'",
             order_by=["attributes.start_time DESC"],
+            max_results=5000,
         )
 
     def _parent(self, name: str):

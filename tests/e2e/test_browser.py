@@ -107,8 +107,8 @@ def test_report_html_renders_offline_with_every_image(chromium, investigation, s
 def test_runs_table_lists_the_investigation_and_finds_tests_by_verdict(
     mlflow_ui, run_names, screens
 ):
-    assert run_names["confirmed"].endswith("· confirmed"), run_names
-    assert run_names["rejected"].endswith("· rejected"), run_names
+    assert " · confirmed · eval/loss \u2212" in run_names["confirmed"], run_names
+    assert " · rejected · " in run_names["rejected"], run_names
     mine = f"tags.`hyprun.investigation` = '{NAME}'"
     text = mlflow_ui.runs(mine, NAME, *run_names.values())
     assert text.count("baseline · seed") == 2, text
