@@ -1,0 +1,137 @@
+"""The probe in a hand-written PyTorch loop and in a loop around a DeepSpeed engine: the same
+numbers as the built-in job's probes (the pre-clipping gradient norm, also under ZeRO), data
+wait measured, bad settings refused."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from mlflow.tracking import MlflowClient
+
+from runner.job.models import GPT
+from runner.job.probe import Probe
+from tests.helpers import metric_history
+
+BATCH, SEQ, VOCAB = 4, 32, 64
+
+
+def gpt() -> GPT:
+    torch.manual_seed(0)
+    return GPT(vocab_size=VOCAB, seq_len=SEQ, n_layer=2, n_head=2, d_model=32)
+
+
+def batches(count: int, delay_s: float = 0.0):
+    rng = torch.Generator().manual_seed(1)
+    for _ in range(count):
+        time.sleep(delay_s)  # an input-bound loader
+        x = torch.randint(0, VOCAB, (BATCH, SEQ + 1), generator=rng)
+        yield x[:, :-1], x[:, 1:]
+
+
+def train(steps: int, delay_s: float = 0.0, **options) -> tuple[Probe, list[float]]:
+    """A user's loop with the two probe lines; returns the probe and clip_grad_norm_'s norms."""
+    model = gpt()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    probe = Probe(model, optimizer, **options)
+    norms = []
+    for x, y in batches(steps, delay_s):
+        loss = model(x, y)
+        loss.backward()
+        probe.after_backward(loss)
+        norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), 0.1)))
+        optimizer.step()
+        optimizer.zero_grad()
+    probe.close()
+    return probe, norms
+
+
+@pytest.fixture
+def uri(workdir, monkeypatch) -> str:
+    uri = f"sqlite:///{workdir}/mlflow.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.delenv("MLFLOW_RUN_ID", raising=False)
+    return uri
+
+
+def test_plain_loop_logs_the_jobs_metrics_at_token_steps(uri):
+    probe, norms = train(6, every_steps=2, flops_per_token=1e6)
+    tokens = BATCH * SEQ
+    logged = dict(metric_history(uri, probe.run_id, "grad/norm"))
+    assert list(logged) == [tokens, 3 * tokens, 5 * tokens]
+    assert list(logged.values()) == pytest.approx(norms[::2], rel=1e-5)
+    for key in ("act/write_ratio/blocks.1", "param/update_ratio", "grad/norm/tok_emb"):
+        assert [s for s, _ in metric_history(uri, probe.run_id, key)] == list(logged), key
+    flops = metric_history(uri, probe.run_id, "perf/flops_per_s")
+    speed = metric_history(uri, probe.run_id, "perf/tokens_per_s")
+    assert [f for _, f in flops] == pytest.approx([1e6 * s for _, s in speed])
+    run = MlflowClient(tracking_uri=uri).get_run(probe.run_id)
+    assert run.info.status == "FINISHED" and run.data.tags["hyprun.blocks"] == "blocks"
+    assert run.data.tags["hyprun.flops_per_token"].startswith("1e+06 (given)")
+
+
+def test_data_wait_share_sees_a_slow_loader(uri):
+    fast, _ = train(6, every_steps=0)
+    slow, _ = train(6, delay_s=0.1, every_steps=0)
+
+    def waits_s(probe: Probe) -> list[float]:
+        """Seconds waited per step (share x step time), after the first step's start-up."""
+        share = metric_history(uri, probe.run_id, "perf/data_wait_frac")[1:]
+        step = metric_history(uri, probe.run_id, "perf/step_time_s")[1:]
+        return [w * s for (_, w), (_, s) in zip(share, step, strict=True)]
+
+    assert min(waits_s(slow)) >= 0.1  # the loader's sleep, at least: load only adds to it
+    assert sorted(waits_s(fast))[2] < 0.03
+
+
+def test_steps_as_the_unit_when_declared(uri):
+    probe, _ = train(3, every_steps=0, step_unit="steps")
+    assert [s for s, _ in metric_history(uri, probe.run_id, "train/loss")] == [1, 2, 3]
+
+
+@pytest.mark.parametrize(
+    ("options", "expected"),
+    [
+        ({"step_unit": "epochs"}, "step_unit='epochs' is unknown"),
+        ({"log_every_steps": 0}, "need every_steps >= 0 and log_every_steps >= 1"),
+    ],
+)
+def test_bad_settings_are_refused_before_any_run(uri, workdir, options, expected):
+    with pytest.raises(ValueError, match=expected):
+        Probe(gpt(), **options)
+    assert not (workdir / "mlflow.db").exists()
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_grad_norm_under_zero_equals_the_unsharded_one(uri, stage):
+    import deepspeed
+
+    from runner.job import dist
+
+    dist.init()
+    model = gpt()
+    engine, *_ = deepspeed.initialize(
+        model=model,
+        optimizer=torch.optim.AdamW(model.parameters(), lr=1e-2),
+        config={
+            "train_micro_batch_size_per_gpu": BATCH,
+            "gradient_clipping": 0.1,
+            "zero_optimization": {"stage": stage},
+        },
+    )
+    probe = Probe(engine.module, every_steps=1)
+    for x, y in batches(2):
+        loss = engine(x, y)
+        engine.backward(loss)
+        probe.after_backward(loss)
+        engine.step()
+        probe.after_step()
+    probe.close()
+
+    reference = gpt()
+    x, y = next(batches(1))
+    reference(x, y).backward()
+    first = float(torch.nn.utils.clip_grad_norm_(reference.parameters(), 1e9))
+    norms = metric_history(uri, probe.run_id, "grad/norm")
+    assert norms[0] == (BATCH * SEQ, pytest.approx(first, rel=1e-5))
