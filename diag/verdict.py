@@ -7,43 +7,49 @@ the one logged at the largest step <= that count (for per-step noisy metrics suc
 perf/tokens_per_s: the median over the last 25% of the tokens up to it; `MetricSpec.window`).
 So a batch-size change is compared at the same tokens, not the same steps.
 
-The rule (numbers in diag/tables/verdict.yaml; defaults in brackets):
+The rule, in the order `compare` takes its steps (numbers in diag/tables/verdict.yaml; defaults
+in brackets):
 
-- Seed noise. sigma_b = sample std of the baseline's per-seed values (ddof 1, needs >= 2 seeds;
-  with one seed an assumed relative sigma [single_seed_sigma 0.5%], said so in the reason).
-  sigma_t = the test's sample std with >= 2 test seeds, else sigma_b. The noise of the
-  difference of seed means is sigma_diff = sqrt(sigma_b^2/n_b + sigma_t^2/n_t); `noise` is it
-  relative to |baseline mean|, `effect` the relative improvement (direction-aware: positive =
-  better), z = effect / noise.
-- Small-sample correction [small_sample true]. With 2-5 seeds sigma is itself a noisy estimate,
-  so the z thresholds are replaced by the Student-t quantile with the same one-sided confidence
-  (z_confirm 2.0 -> 97.7%) at the Welch-Satterthwaite degrees of freedom (n_b - 1 when the test
-  borrows sigma_b; normal when sigma is assumed). At 3 vs 3 seeds that is 2.9 to 4.5 sigma;
-  without it an A/A comparison "confirms" 6-7% of the time instead of about 2%.
-  `Verdict.z_needed` is the threshold used.
-- Paired comparison over the seeds present on both sides: d_s = test_s - baseline_s,
-  t = mean(d) / (sd(d)/sqrt(n)), df = n - 1, two-sided p from the t distribution (computed here,
-  no scipy). Reported always (n >= 2); with >= paired_min_seeds [3] common seeds its sign must
-  agree with the improvement before a confirmation.
-- A guard (a metric that must not get worse, e.g. perf/tokens_per_s while testing eval/loss)
-  REGRESSES when it is worse than the baseline by more than z_guard [2.0] x its noise (same
-  correction) AND by more than a relative floor [guard_floor 1%, or the guard's own min_effect].
-- rejected: a test run diverged (NaN/inf in the primary metric, or `diverged=True`); or a guard
-  regressed; or the test is worse beyond noise (effect < -z_needed x noise); or even the upper
-  bound of the improvement, effect + z_needed x noise, is below min_effect (it cannot be the
-  effect we want).
-- confirmed: effect > min_effect AND effect > z_needed x noise, no guard regressed, and the
-  paired comparison (when available) agrees in sign.
-- Against a diverged baseline (a baseline seed reached NaN/inf in the primary, or the caller says
-  it diverged, e.g. before its first point) nothing finite can be matched, so the question is
-  whether the divergence goes away: a test that diverges too is rejected; one whose every seed
-  trains past the point where the baseline blew up, finite, is confirmed ("removes the
-  divergence") when every baseline seed diverged, and inconclusive when some stayed finite (one
-  seed's divergence flipping can be chance).
-- inconclusive: anything else. `decide` then estimates the seeds per side that would separate
-  delta = min_effect (or the measured effect when min_effect is 0) from seed noise:
-  n ~ 2 (z sigma / delta)^2 with sigma the relative per-seed sigma, raised until the
-  small-sample threshold at 2n - 2 degrees of freedom is also met.
+1. Matched value (`matched_value`, `matched_values`): each seed's value at the matched tokens.
+2. Noise (`contrast`). sigma_b = sample std of the baseline's per-seed values (ddof 1, needs
+   >= 2 seeds; with one seed an assumed relative sigma [single_seed_sigma 0.5%], said so in the
+   reason). sigma_t = the test's sample std with >= 2 test seeds, else sigma_b. The noise of the
+   difference of seed means is sigma_diff = sqrt(sigma_b^2/n_b + sigma_t^2/n_t); `noise` is it
+   relative to |baseline mean|, `effect` the relative improvement (direction-aware: positive =
+   better), z = effect / noise.
+3. Small-sample threshold (`z_threshold`) [small_sample true]. With 2-5 seeds sigma is itself a
+   noisy estimate, so the z thresholds are replaced by the Student-t quantile with the same
+   one-sided confidence (z_confirm 2.0 -> 97.7%) at the Welch-Satterthwaite degrees of freedom
+   (n_b - 1 when the test borrows sigma_b; normal when sigma is assumed). At 3 vs 3 seeds that
+   is 2.9 to 4.5 sigma; without it an A/A comparison "confirms" 6-7% of the time instead of
+   about 2%. `Verdict.z_needed` is the threshold used. Distributions are scipy.stats'.
+4. Paired check (`paired_check`) over the seeds present on both sides: d_s = test_s -
+   baseline_s, t = mean(d) / (sd(d)/sqrt(n)), df = n - 1, two-sided p. Reported always
+   (n >= 2); with >= paired_min_seeds [3] common seeds its sign must agree with the improvement
+   before a confirmation.
+5. Guards (`guard_check`): a metric that must not get worse (e.g. perf/tokens_per_s while
+   testing eval/loss) REGRESSES when it is worse than the baseline by more than z_guard [2.0] x
+   its noise (same correction) AND by more than a relative floor [guard_floor 1%, or the
+   guard's own min_effect].
+6. Decision (`decision`):
+   - rejected: a guard regressed; or the test is worse beyond noise (effect < -z_needed x
+     noise); or even the upper bound of the improvement, effect + z_needed x noise, is below
+     min_effect (it cannot be the effect we want).
+   - confirmed: effect > min_effect AND effect > z_needed x noise, no guard regressed, and the
+     paired comparison (when available) agrees in sign.
+   - inconclusive: anything else. `seeds_needed` then estimates the seeds per side that would
+     separate delta = min_effect (or the measured effect when min_effect is 0) from seed noise:
+     n ~ 2 (z sigma / delta)^2 with sigma the relative per-seed sigma, raised until the
+     small-sample threshold at 2n - 2 degrees of freedom is also met.
+
+Before those steps, two cases are settled on their own. A test run that diverged (NaN/inf in the
+primary metric, or `diverged=True`) is rejected. Against a diverged baseline (a baseline seed
+reached NaN/inf in the primary, or the caller says it diverged, e.g. before its first point)
+nothing finite can be matched, so the question is whether the divergence goes away
+(`against_diverged`): a test that diverges too is rejected; one whose every seed trains past the
+point where the baseline blew up, finite, is confirmed ("removes the divergence") when every
+baseline seed diverged, and inconclusive when some stayed finite (one seed's divergence flipping
+can be chance).
 
 Early rejection (`early_reject`, for tests still running) stops a test that is clearly worse:
 at marks at or after early.min_frac [30%] of the token budget, the test's seed mean is worse than
@@ -65,13 +71,18 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from statistics import NormalDist
 from typing import Any
 
 import numpy as np
 import yaml
+from pydantic import ConfigDict, Field, ValidationError
+from pydantic.dataclasses import dataclass as checked_dataclass
+
+from diag.metric import MetricSpec
+
+__all__ = ["MetricSpec", "compare", "early_reject", "load_params"]
 
 Points = list[tuple[int, float]]
 """(tokens seen, value) pairs: one metric's history in one run, in any order."""
@@ -85,103 +96,96 @@ TABLE = Path(__file__).parent / "tables" / "verdict.yaml"
 STATUSES = ("confirmed", "rejected", "inconclusive")
 
 
+def _stats():
+    """scipy.stats, imported on first use: it takes most of a second to import, and commands
+    that never judge a test (status, report) should not pay for it."""
+    from scipy import stats
+
+    return stats
+
+
 # ---------------------------------------------------------------------------------------------
-# Parameters
+# Parameters: diag/tables/verdict.yaml, checked by pydantic
+
+STRICT = ConfigDict(extra="forbid")
 
 
-@dataclass(frozen=True)
+@checked_dataclass(frozen=True, config=STRICT)
 class EarlyParams:
     """Thresholds of early rejection (`early:` in verdict.yaml)."""
 
-    min_frac: float = 0.3
+    min_frac: float = Field(0.3, ge=0, le=1)
     """Judge only marks at or after this fraction of the token budget."""
-    z: float = 4.0
+    z: float = Field(4.0, gt=0)
     """How many per-seed sigmas worse the test's seed mean must be at a mark."""
-    floor: float = 0.01
+    floor: float = Field(0.01, ge=0)
     """Relative margin added to z x sigma (a tiny sigma must not make 0.1% count as worse)."""
-    slack: float = 0.05
+    slack: float = Field(0.05, ge=0)
     """Further relative margin per unit of budget still to run: slack x (1 - f) at fraction f
     (early in the run a late-improving curve has the most room to catch up)."""
-    consecutive: int = 2
+    consecutive: int = Field(2, ge=1)
     """How many consecutive marks must be worse before stopping."""
 
 
-@dataclass(frozen=True)
+@checked_dataclass(frozen=True, config=STRICT)
 class VerdictParams:
     """The numbers of the verdict rule (`verdict:` in verdict.yaml)."""
 
-    z_confirm: float = 2.0
+    z_confirm: float = Field(2.0, gt=0)
     """Improvement must exceed this many noise units (before the small-sample correction)."""
     small_sample: bool = True
     """Replace z thresholds by the Student-t quantile of equal confidence at the Welch df."""
-    single_seed_sigma: float = 0.005
+    single_seed_sigma: float = Field(0.005, gt=0)
     """Relative per-seed sigma assumed when the baseline has one seed."""
-    z_guard: float = 2.0
+    z_guard: float = Field(2.0, gt=0)
     """A guard worse than baseline by more than this many noise units (and the floor) regressed."""
-    guard_floor: float = 0.01
+    guard_floor: float = Field(0.01, ge=0)
     """Relative regression a guard may show without counting (unless its min_effect > 0)."""
-    paired_min_seeds: int = 3
+    paired_min_seeds: int = Field(3, ge=2)
     """Common seeds from which the paired comparison must agree in sign to confirm."""
-    windows: dict[str, float] = field(default_factory=lambda: {"perf/": 0.25})
+    windows: dict[str, float] = Field(default_factory=lambda: {"perf/": 0.25})
     """Metric-name prefix -> median window (fraction of tokens) for per-step noisy metrics."""
-    max_seeds: int = 64
+    max_seeds: int = Field(64, ge=2)
     """Cap of the seeds-needed estimate."""
-    early: EarlyParams = field(default_factory=EarlyParams)
+    early: EarlyParams = Field(default_factory=EarlyParams)
     """Early-rejection thresholds."""
+
+
+@checked_dataclass(frozen=True, config=STRICT)
+class VerdictTable:
+    """The file: one top-level `verdict:` mapping (not `patterns:`, so triage skips it)."""
+
+    verdict: VerdictParams
+
+
+def _one_line(path: str | Path, error: ValidationError) -> str:
+    """A pydantic error as one line naming the file, the entry and the field."""
+    first = error.errors()[0]
+    where = ".".join(str(part) for part in first["loc"])
+    if first["type"] == "unexpected_keyword_argument":
+        entry = {"": VerdictTable, "verdict": VerdictParams, "verdict.early": EarlyParams}
+        known = sorted(entry[where.rpartition(".")[0]].__dataclass_fields__)
+        return f"{path}: unknown key {where}; known: {known}"
+    more = f" (and {error.error_count() - 1} more)" if error.error_count() > 1 else ""
+    return f"{path}: {where}: {first['msg']}, got {first.get('input')!r}{more}"
 
 
 @functools.cache
 def load_params(path: str | Path = TABLE) -> VerdictParams:
-    """The `verdict:` table of a YAML file (read once per process and path). An unknown key is a
-    ValueError naming it, so a typo cannot silently fall back to a default."""
-    data = yaml.safe_load(Path(path).read_text()) or {}
-    raw = data.get("verdict") if isinstance(data, dict) else None
-    if not isinstance(raw, dict):
+    """The `verdict:` table of a YAML file (read once per process and path). A typo or a bad
+    value is a one-line ValueError naming file, entry and field, so it cannot silently fall
+    back to a default."""
+    data = yaml.safe_load(Path(path).read_text())
+    if not isinstance(data, dict) or not isinstance(data.get("verdict"), dict):
         raise ValueError(f"{path}: needs a top-level `verdict:` mapping")
-    raw = dict(raw)
-    early_raw = raw.pop("early", {}) or {}
-    known = set(VerdictParams.__dataclass_fields__) - {"early"}
-    early_known = set(EarlyParams.__dataclass_fields__)
-    for key in raw:
-        if key not in known:
-            raise ValueError(f"{path}: unknown key verdict.{key}; known: {sorted(known)}")
-    for key in early_raw:
-        if key not in early_known:
-            raise ValueError(
-                f"{path}: unknown key verdict.early.{key}; known: {sorted(early_known)}"
-            )
-    return VerdictParams(**raw, early=EarlyParams(**early_raw))
+    try:
+        return VerdictTable(**data).verdict
+    except ValidationError as error:
+        raise ValueError(_one_line(path, error)) from None
 
 
 # ---------------------------------------------------------------------------------------------
-# Inputs and outputs
-
-
-@dataclass(frozen=True)
-class MetricSpec:
-    """One metric to compare and which way is better."""
-
-    metric: str
-    """MLflow metric name, e.g. "eval/loss"."""
-    direction: str
-    """"min" (lower is better) or "max" (higher is better)."""
-    min_effect: float = 0.0
-    """Smallest relative improvement that matters (0.01 = 1%). For a guard: the relative
-    regression tolerated (0 = the table's guard_floor)."""
-    window: float | None = None
-    """Median window for `matched_value` (fraction of the tokens up to the mark; 0 = the single
-    value logged there). None: by metric-name prefix from the table (perf/* -> 0.25, else 0)."""
-
-    def __post_init__(self) -> None:
-        if self.direction not in ("min", "max"):
-            raise ValueError(
-                f"MetricSpec {self.metric!r}: direction must be 'min' or 'max', "
-                f"got {self.direction!r}"
-            )
-        if not self.min_effect >= 0:
-            raise ValueError(f"MetricSpec {self.metric!r}: min_effect must be >= 0")
-        if self.window is not None and not 0 <= self.window <= 1:
-            raise ValueError(f"MetricSpec {self.metric!r}: window must be within [0, 1]")
+# Outputs
 
 
 @dataclass
@@ -261,11 +265,11 @@ class EarlyStop:
 
 
 # ---------------------------------------------------------------------------------------------
-# Reading values at matched tokens
+# Step 1: the matched value
 
 
 def _sorted(points: Points) -> list[tuple[int, float]]:
-    return sorted(((int(s), float(v)) for s, v in points), key=lambda p: p[0])
+    return sorted(((int(step), float(value)) for step, value in points), key=lambda p: p[0])
 
 
 def matched_value(points: Points, tokens: int, window: float = 0.0) -> float | None:
@@ -273,121 +277,154 @@ def matched_value(points: Points, tokens: int, window: float = 0.0) -> float | N
     median of the values logged in [(1 - window) * tokens, tokens] (falling back to that single
     value when the window holds none): the level of a per-step noisy metric such as
     perf/tokens_per_s. A NaN/inf value is returned as it is (divergence shows)."""
-    pts = [p for p in _sorted(points) if p[0] <= tokens]
-    if not pts:
+    upto = [p for p in _sorted(points) if p[0] <= tokens]
+    if not upto:
         return None
     if window > 0:
         start = (1.0 - window) * tokens
-        vals = [v for s, v in pts if s >= start]
-        if vals:
-            return float(np.median(vals))
-    return pts[-1][1]
+        inside = [value for step, value in upto if step >= start]
+        if inside:
+            return float(np.median(inside))
+    return upto[-1][1]
 
 
-def _last_finite_step(points: Points) -> int | None:
-    steps = [s for s, v in _sorted(points) if math.isfinite(v)]
-    return steps[-1] if steps else None
+def matched_values(
+    runs: Runs, tokens: int, window: float, metric: str, side: str
+) -> dict[int, float]:
+    """{seed: matched value} of every run; a run with no finite value there is a ValueError."""
+    values = {}
+    for seed, points in runs.items():
+        value = matched_value(points, tokens, window)
+        if value is None:
+            raise ValueError(f"{side} seed {seed}: no {metric} logged at or before {tokens} tokens")
+        if not math.isfinite(value):
+            raise ValueError(f"{side} seed {seed}: {metric} is {value} at {tokens} tokens")
+        values[int(seed)] = value
+    return values
 
 
-def _has_nonfinite(points: Points) -> bool:
-    return any(not math.isfinite(float(v)) for _, v in points)
-
-
-def _window(spec: MetricSpec, params: VerdictParams) -> float:
+def window_for(spec: MetricSpec, params: VerdictParams) -> float:
+    """The median window a metric is read with: its own, else the table's by name prefix."""
     if spec.window is not None:
         return spec.window
-    for prefix, win in params.windows.items():
+    for prefix, window in params.windows.items():
         if spec.metric.startswith(prefix):
-            return float(win)
+            return float(window)
     return 0.0
 
 
+def last_finite_step(points: Points) -> int | None:
+    """The last token count at which the run logged a finite value."""
+    steps = [step for step, value in _sorted(points) if math.isfinite(value)]
+    return steps[-1] if steps else None
+
+
+def has_nonfinite(points: Points) -> bool:
+    return any(not math.isfinite(float(value)) for _, value in points)
+
+
+def matched_tokens(baseline: Runs, test: Runs, metric: str) -> int:
+    """The largest token count every run reached with a finite value."""
+    ends = [last_finite_step(points) for points in [*baseline.values(), *test.values()]]
+    if any(end is None for end in ends):
+        raise ValueError(f"compare: a run has no finite {metric} value")
+    return min(ends)
+
+
 # ---------------------------------------------------------------------------------------------
-# Student t, written out (no scipy)
+# Step 2: the noise of the difference of seed means
 
 
-def _betacf(a: float, b: float, x: float) -> float:
-    """Continued fraction of the incomplete beta function (modified Lentz)."""
-    tiny = 1e-300
-    qab, qap, qam = a + b, a + 1.0, a - 1.0
-    c, d = 1.0, 1.0 - qab * x / qap
-    d = 1.0 / (d if abs(d) > tiny else tiny)
-    h = d
-    for m in range(1, 500):
-        m2 = 2 * m
-        for aa in (
-            m * (b - m) * x / ((qam + m2) * (a + m2)),
-            -(a + m) * (qab + m) * x / ((a + m2) * (qap + m2)),
-        ):
-            d = 1.0 + aa * d
-            d = 1.0 / (d if abs(d) > tiny else tiny)
-            c = 1.0 + aa / c
-            c = c if abs(c) > tiny else tiny
-            step = d * c
-            h *= step
-        if abs(step - 1.0) < 1e-15:
-            break
-    return h
+@dataclass(frozen=True)
+class Contrast:
+    """Test vs baseline seed means at one token mark, and the noise of their difference."""
+
+    mean_b: float
+    mean_t: float
+    sigma_b: float
+    """Per-seed sigma of the baseline (metric units; assumed when single seed)."""
+    sigma_t: float
+    """Per-seed sigma of the test (the baseline's when the test has one seed)."""
+    scale: float
+    """|baseline mean| (1 when it is 0): the denominator of the relative numbers."""
+    effect: float
+    """Relative improvement (direction-aware: positive = better)."""
+    effect_abs: float
+    """Test mean - baseline mean, metric units."""
+    noise: float
+    """Relative sigma of the difference of means."""
+    z: float
+    df: float
+    """Welch-Satterthwaite degrees of freedom of the noise (inf when sigma was assumed)."""
+    assumed: bool
+    """True when sigma_b is the single-seed assumption."""
 
 
-def _betainc(a: float, b: float, x: float) -> float:
-    """Regularized incomplete beta I_x(a, b)."""
-    if x <= 0.0:
-        return 0.0
-    if x >= 1.0:
-        return 1.0
-    front = math.exp(
-        math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
+def ratio(num: float, den: float) -> float:
+    """num / den, with +-inf for a nonzero num over 0 and 0 for 0 / 0."""
+    if den > 0:
+        return num / den
+    return math.copysign(math.inf, num) if num else 0.0
+
+
+def sample_sigma(values: Sequence[float]) -> float:
+    return float(np.std(values, ddof=1)) if len(values) >= 2 else math.nan
+
+
+def better_sign(spec: MetricSpec) -> float:
+    """+1 when higher is better, -1 when lower is: multiplies a change into an improvement."""
+    return 1.0 if spec.direction == "max" else -1.0
+
+
+def welch_df(var_b: float, df_b: float, var_t: float, df_t: float) -> float:
+    """Welch-Satterthwaite degrees of freedom of var_b + var_t (an assumed part counts as
+    exact: infinite df)."""
+    parts = [(var_b, df_b), (var_t, df_t)]
+    den = sum(var * var / df for var, df in parts if math.isfinite(df))
+    return (var_b + var_t) ** 2 / den if den > 0 else math.inf
+
+
+def contrast(
+    spec: MetricSpec, base: Mapping[int, float], test: Mapping[int, float], params: VerdictParams
+) -> Contrast:
+    """Seed means, per-seed sigmas and the noise of the difference of means (step 2)."""
+    base_values, test_values = list(base.values()), list(test.values())
+    n_b, n_t = len(base_values), len(test_values)
+    mean_b, mean_t = float(np.mean(base_values)), float(np.mean(test_values))
+    scale = abs(mean_b) or 1.0
+    assumed = n_b < 2
+    sigma_b = params.single_seed_sigma * scale if assumed else sample_sigma(base_values)
+    df_b = math.inf if assumed else n_b - 1.0
+    if n_t >= 2:
+        sigma_t = sample_sigma(test_values)
+        df = welch_df(sigma_b**2 / n_b, df_b, sigma_t**2 / n_t, n_t - 1.0)
+    else:  # the test borrows the baseline's sigma: one estimate, its df
+        sigma_t, df = sigma_b, df_b
+    effect_abs = mean_t - mean_b
+    effect = better_sign(spec) * effect_abs / scale
+    noise = math.sqrt(sigma_b**2 / n_b + sigma_t**2 / n_t) / scale
+    return Contrast(
+        mean_b=mean_b,
+        mean_t=mean_t,
+        sigma_b=sigma_b,
+        sigma_t=sigma_t,
+        scale=scale,
+        effect=effect,
+        effect_abs=effect_abs,
+        noise=noise,
+        z=ratio(effect, noise),
+        df=df,
+        assumed=assumed,
     )
-    if x < (a + 1.0) / (a + b + 2.0):
-        return front * _betacf(a, b, x) / a
-    return 1.0 - front * _betacf(b, a, 1.0 - x) / b
 
 
-def t_sf(t: float, df: float) -> float:
-    """P(T > t) for Student's t with `df` degrees of freedom (normal when df is inf)."""
-    if math.isnan(t):
-        return math.nan
-    if math.isinf(df):
-        return 1.0 - NormalDist().cdf(t)
-    if math.isinf(t):
-        return 0.0 if t > 0 else 1.0
-    tail = 0.5 * _betainc(df / 2.0, 0.5, df / (df + t * t))
-    return tail if t >= 0 else 1.0 - tail
+# ---------------------------------------------------------------------------------------------
+# Step 3: the small-sample threshold
 
 
 @functools.lru_cache(maxsize=4096)
-def _t_ppf_cached(p: float, df: float) -> float:
-    lo, hi = 0.0, max(1.0, NormalDist().inv_cdf(p))
-    while t_sf(hi, df) > 1.0 - p:
-        lo, hi = hi, hi * 2.0
-    for _ in range(100):
-        mid = 0.5 * (lo + hi)
-        if t_sf(mid, df) > 1.0 - p:
-            lo = mid
-        else:
-            hi = mid
-        if hi - lo < 1e-10 * hi:
-            break
-    return 0.5 * (lo + hi)
-
-
-def t_ppf(p: float, df: float) -> float:
-    """The t quantile for a probability p in (0.5, 1) (normal when df is inf)."""
-    if not 0.5 < p < 1.0:
-        raise ValueError(f"t_ppf: p must be in (0.5, 1), got {p}")
-    if math.isinf(df):
-        return NormalDist().inv_cdf(p)
-    return _t_ppf_cached(p, round(float(df), 3))
-
-
-def bonferroni_z(z: float, looks: int) -> float:
-    """The one-sided z whose tail is z's tail divided by `looks`: confirming the best of `looks`
-    candidates is then no likelier by chance than confirming one."""
-    if looks <= 1:
-        return z
-    tail = 1.0 - NormalDist().cdf(z)
-    return NormalDist().inv_cdf(1.0 - tail / looks)
+def _t_quantile(confidence: float, df: float) -> float:
+    return float(_stats().t.ppf(confidence, df))
 
 
 def z_threshold(z: float, df: float, small_sample: bool = True) -> float:
@@ -396,93 +433,42 @@ def z_threshold(z: float, df: float, small_sample: bool = True) -> float:
     the correction is off)."""
     if not small_sample or math.isinf(df) or z <= 0:
         return z
-    return t_ppf(NormalDist().cdf(z), df)
+    confidence = float(_stats().norm.cdf(z))
+    return _t_quantile(confidence, round(float(df), 6))
+
+
+def bonferroni_z(z: float, looks: int) -> float:
+    """The one-sided z whose tail is z's tail divided by `looks`: confirming the best of `looks`
+    candidates is then no likelier by chance than confirming one."""
+    if looks <= 1:
+        return z
+    normal = _stats().norm
+    return float(normal.isf(normal.sf(z) / looks))
 
 
 # ---------------------------------------------------------------------------------------------
-# The difference of two sets of seeds
+# Step 4: the paired check
 
 
-@dataclass(frozen=True)
-class _Contrast:
-    """Test vs baseline seed means at one token mark."""
-
-    mean_b: float
-    mean_t: float
-    sigma_b: float
-    """Per-seed sigma of the baseline (metric units; assumed when single seed)."""
-    sigma_t: float
-    scale: float
-    """|baseline mean| (1 when it is 0): the denominator of the relative numbers."""
-    effect: float
-    effect_abs: float
-    noise: float
-    z: float
-    df: float
-    assumed: bool
-    """True when sigma_b is the single-seed assumption."""
-
-
-def _ratio(num: float, den: float) -> float:
-    """num / den, with +-inf for a nonzero num over 0 and 0 for 0 / 0."""
-    if den > 0:
-        return num / den
-    return math.copysign(math.inf, num) if num else 0.0
-
-
-def _sample_sigma(values: Sequence[float]) -> float:
-    return float(np.std(values, ddof=1)) if len(values) >= 2 else math.nan
-
-
-def _contrast(
-    spec: MetricSpec, base: Mapping[int, float], test: Mapping[int, float], params: VerdictParams
-) -> _Contrast:
-    b, t = list(base.values()), list(test.values())
-    mean_b, mean_t = float(np.mean(b)), float(np.mean(t))
-    scale = abs(mean_b) or 1.0
-    assumed = len(b) < 2
-    sigma_b = params.single_seed_sigma * scale if assumed else _sample_sigma(b)
-    df_b = math.inf if assumed else len(b) - 1.0
-    var_b = sigma_b**2 / len(b)
-    if len(t) >= 2:
-        sigma_t = _sample_sigma(t)
-        var_t = sigma_t**2 / len(t)
-        parts = [(var_b, df_b), (var_t, len(t) - 1.0)]
-        den = sum(v * v / d for v, d in parts if math.isfinite(d))
-        df = (var_b + var_t) ** 2 / den if den > 0 else math.inf
-    else:  # the test borrows the baseline's sigma: one estimate, its df
-        sigma_t = sigma_b
-        var_t = sigma_t**2 / len(t)
-        df = df_b
-    sign = 1.0 if spec.direction == "max" else -1.0
-    effect_abs = mean_t - mean_b
-    effect = sign * effect_abs / scale
-    noise = math.sqrt(var_b + var_t) / scale
-    z = _ratio(effect, noise)
-    return _Contrast(
-        mean_b, mean_t, sigma_b, sigma_t, scale, effect, effect_abs, noise, z, df, assumed
-    )
-
-
-def _paired(
+def paired_check(
     spec: MetricSpec,
     base: Mapping[int, float],
     test: Mapping[int, float],
     scale: float,
     params: VerdictParams,
 ) -> dict | None:
+    """The per-seed differences over the seeds both sides ran (None below 2 of them)."""
     seeds = sorted(set(base) & set(test))
     if len(seeds) < 2:
         return None
-    sign = 1.0 if spec.direction == "max" else -1.0
-    d = np.array([test[s] - base[s] for s in seeds], dtype=float)
-    mean, sd = float(d.mean()), float(d.std(ddof=1))
     n = len(seeds)
-    better = sign * mean
+    differences = np.array([test[s] - base[s] for s in seeds], dtype=float)
+    mean, sd = float(differences.mean()), float(differences.std(ddof=1))
+    better = better_sign(spec) * mean
     if sd <= 1e-12 * max(abs(mean), scale):  # equal differences up to rounding
         sd = 0.0
-    t = _ratio(better, sd / math.sqrt(n))
-    p = 2.0 * t_sf(abs(t), n - 1.0) if t == t else math.nan
+    t = ratio(better, sd / math.sqrt(n))
+    p = 2.0 * float(_stats().t.sf(abs(t), n - 1)) if not math.isnan(t) else math.nan
     return {
         "n": n,
         "seeds": seeds,
@@ -498,6 +484,64 @@ def _paired(
 
 
 # ---------------------------------------------------------------------------------------------
+# Step 5: guards
+
+
+def guard_check(
+    guard: MetricSpec,
+    baseline: Runs,
+    test: Runs,
+    tokens: int,
+    params: VerdictParams,
+) -> dict:
+    """One guard at the primary's matched tokens: did it regress beyond noise and its floor?"""
+    window = window_for(guard, params)
+    result = contrast(
+        guard,
+        matched_values(baseline, tokens, window, guard.metric, "baseline"),
+        matched_values(test, tokens, window, guard.metric, "test"),
+        params,
+    )
+    z_needed = z_threshold(params.z_guard, result.df, params.small_sample)
+    floor = guard.min_effect if guard.min_effect > 0 else params.guard_floor
+    regressed = result.effect < -z_needed * result.noise and result.effect < -floor
+    return {
+        "metric": guard.metric,
+        "direction": guard.direction,
+        "baseline": result.mean_b,
+        "test": result.mean_t,
+        "effect": result.effect,
+        "effect_abs": result.effect_abs,
+        "noise": result.noise,
+        "z": result.z,
+        "z_needed": z_needed,
+        "floor": floor,
+        "regressed": bool(regressed),
+        "summary": summary(guard.metric, result),
+    }
+
+
+def guard_rows(
+    guards: Sequence[MetricSpec],
+    baseline_guards: Mapping[str, Runs] | None,
+    test_guards: Mapping[str, Runs] | None,
+    tokens: int,
+    params: VerdictParams,
+) -> list[dict]:
+    rows = []
+    for guard in guards:
+        baseline = (baseline_guards or {}).get(guard.metric)
+        test = (test_guards or {}).get(guard.metric)
+        if not baseline or not test:
+            raise ValueError(
+                f"guard {guard.metric}: pass its histories in baseline_guards and test_guards "
+                "(metric -> seed -> points)"
+            )
+        rows.append(guard_check(guard, baseline, test, tokens, params))
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------
 # Formatting
 
 
@@ -510,23 +554,23 @@ def _num(x: float) -> str:
 def _pct(x: float, signed: bool = False) -> str:
     if not math.isfinite(x):
         return str(x)
-    v = 100.0 * x
-    text = f"{v:.0f}" if abs(v) >= 100 else f"{v:.2g}"
+    percent = 100.0 * x
+    text = f"{percent:.0f}" if abs(percent) >= 100 else f"{percent:.2g}"
     if "e" in text:
-        text = f"{v:.1e}"
-    return f"+{text}%" if signed and v > 0 else f"{text}%"
+        text = f"{percent:.1e}"
+    return f"+{text}%" if signed and percent > 0 else f"{text}%"
 
 
 def _zs(z: float) -> str:
     return f"{z:.1f}" if math.isfinite(z) else ("inf" if z > 0 else "-inf")
 
 
-def _summary(metric: str, c: _Contrast) -> str:
+def summary(metric: str, result: Contrast) -> str:
     """`eval/loss 3.412 -> 3.287 (-3.7% ± 0.4%, z=9.1)`: change as measured, noise, z."""
-    change = c.effect_abs / c.scale
+    change = result.effect_abs / result.scale
     return (
-        f"{metric} {_num(c.mean_b)} -> {_num(c.mean_t)} "
-        f"({_pct(change, signed=True)} ± {_pct(c.noise)}, z={_zs(c.z)})"
+        f"{metric} {_num(result.mean_b)} -> {_num(result.mean_t)} "
+        f"({_pct(change, signed=True)} ± {_pct(result.noise)}, z={_zs(result.z)})"
     )
 
 
@@ -543,25 +587,46 @@ def _json_safe(obj: Any) -> Any:
 
 
 # ---------------------------------------------------------------------------------------------
-# compare
+# Step 6: the decision
 
 
-def _values(runs: Runs, tokens: int, window: float, metric: str, side: str) -> dict[int, float]:
-    out = {}
-    for seed, pts in runs.items():
-        v = matched_value(pts, tokens, window)
-        if v is None:
-            raise ValueError(f"{side} seed {seed}: no {metric} logged at or before {tokens} tokens")
-        if not math.isfinite(v):
-            raise ValueError(f"{side} seed {seed}: {metric} is {v} at {tokens} tokens")
-        out[int(seed)] = v
-    return out
+@dataclass(frozen=True)
+class Threshold:
+    """The z an effect must clear, and how it was reached (for the reason line)."""
+
+    z_needed: float
+    z_confirm: float
+    """z_confirm after the multiple-looks correction, before the small-sample one."""
+    df: float
+    looks: int = 1
+    z_table: float = 2.0
+    """The table's z_confirm."""
+
+    def describe(self) -> str:
+        text = f"{self.z_needed:.2g}σ noise"
+        if self.z_needed != self.z_confirm:
+            text += f" (z {self.z_confirm:.3g} at {self.df:.1f} df)"
+        if self.looks > 1:
+            text += (
+                f"; Bonferroni: best of {self.looks} trials, z {self.z_table:g} -> "
+                f"{self.z_confirm:.3g}"
+            )
+        return text
 
 
-def _seeds_needed(c: _Contrast, spec: MetricSpec, params: VerdictParams, n_b: int, n_t: int) -> str:
+def confirm_threshold(df: float, looks: int, params: VerdictParams) -> Threshold:
+    """z_confirm, raised for `looks` candidates (Bonferroni) and for few seeds (Student t)."""
+    z_confirm = bonferroni_z(params.z_confirm, looks)
+    z_needed = z_threshold(z_confirm, df, params.small_sample)
+    return Threshold(z_needed, z_confirm, df, looks, params.z_confirm)
+
+
+def seeds_needed(
+    result: Contrast, spec: MetricSpec, params: VerdictParams, n_b: int, n_t: int
+) -> str:
     """What would decide an inconclusive verdict: seeds per side for delta vs seed noise."""
-    sigma = math.sqrt((c.sigma_b**2 + c.sigma_t**2) / 2.0) / c.scale
-    delta = spec.min_effect if spec.min_effect > 0 else abs(c.effect)
+    sigma = math.sqrt((result.sigma_b**2 + result.sigma_t**2) / 2.0) / result.scale
+    delta = spec.min_effect if spec.min_effect > 0 else abs(result.effect)
     label = "min effect" if spec.min_effect > 0 else "measured effect"
     if delta <= 0:
         return (
@@ -570,11 +635,13 @@ def _seeds_needed(c: _Contrast, spec: MetricSpec, params: VerdictParams, n_b: in
         )
     z = params.z_confirm
     if sigma <= 0:
-        return f"seed noise is 0 here; rerun with min_effect below the {_pct(c.effect)} measured"
-    n = max(2, math.ceil(2.0 * (z * sigma / delta) ** 2))
+        return (
+            f"seed noise is 0 here; rerun with min_effect below the {_pct(result.effect)} measured"
+        )
+    normal_n = max(2, math.ceil(2.0 * (z * sigma / delta) ** 2))
+    n = normal_n
     while n <= params.max_seeds:
-        zn = z_threshold(z, 2.0 * n - 2.0, params.small_sample)
-        if delta > zn * sigma * math.sqrt(2.0 / n):
+        if delta > z_threshold(z, 2.0 * n - 2.0, params.small_sample) * sigma * math.sqrt(2.0 / n):
             break
         n += 1
     if n > params.max_seeds:
@@ -583,15 +650,103 @@ def _seeds_needed(c: _Contrast, spec: MetricSpec, params: VerdictParams, n_b: in
             f"{_pct(delta)} {label} from seed noise (σ={_pct(sigma)} per seed): lengthen the "
             "token budget or drop the hypothesis"
         )
-    raised = n > max(2, math.ceil(2.0 * (z * sigma / delta) ** 2))
+    raised = ", raised for the few-seed t correction" if n > normal_n else ""
     return (
         f"about {n} seeds per side (now {n_b}/{n_t}) would separate a {_pct(delta)} {label} "
-        f"from seed noise (σ={_pct(sigma)} per seed; n ≈ 2(zσ/δ)² with z={z:g}"
-        f"{', raised for the few-seed t correction' if raised else ''})"
+        f"from seed noise (σ={_pct(sigma)} per seed; n ≈ 2(zσ/δ)² with z={z:g}{raised})"
     )
 
 
-def _against_diverged(
+@dataclass(frozen=True)
+class Decision:
+    status: str
+    reason: str
+    decide: str | None = None
+
+
+def decision(
+    result: Contrast,
+    spec: MetricSpec,
+    threshold: Threshold,
+    paired: dict | None,
+    guards: list[dict],
+    params: VerdictParams,
+    n_b: int,
+    n_t: int,
+) -> Decision:
+    """Step 6: the status from the numbers of steps 2-5 (rule: module docstring)."""
+    text = summary(spec.metric, result)
+    noise_text = threshold.describe()
+    min_effect = _pct(spec.min_effect)
+    bound = threshold.z_needed * result.noise
+    regressed = [g for g in guards if g["regressed"]]
+    if regressed:
+        reason = "; ".join(
+            f"guard {g['summary']} regressed beyond {_pct(g['floor'])} and {g['z_needed']:.2g}σ"
+            for g in regressed
+        )
+        return Decision("rejected", f"{reason}; primary {text}")
+    if result.effect < -bound:
+        return Decision("rejected", f"{text}: worse than baseline beyond {noise_text}")
+    if result.effect + bound < spec.min_effect:
+        upper = _pct(result.effect + bound)
+        return Decision(
+            "rejected",
+            f"{text}: improvement at most {upper} at {noise_text}, below min effect {min_effect}",
+        )
+    if result.effect > spec.min_effect and result.effect > bound:
+        if paired is not None and paired["available"] and not paired["agrees"]:
+            return Decision(
+                "inconclusive",
+                f"{text}: beyond min effect {min_effect} and {noise_text}, but the paired "
+                f"comparison over {paired['n']} common seeds disagrees in sign "
+                f"(t={_zs(paired['t'])})",
+                "rerun with the same seeds on both sides; "
+                + seeds_needed(result, spec, params, n_b, n_t),
+            )
+        reason = f"{text} beyond min effect {min_effect} and {noise_text}"
+        if paired is not None and paired["available"]:
+            reason += f"; paired over {paired['n']} seeds t={_zs(paired['t'])}"
+        return Decision("confirmed", reason)
+    if result.effect <= bound:
+        why = f"within {noise_text}"
+    else:
+        why = f"beyond noise but below min effect {min_effect}, which it may still reach"
+    return Decision("inconclusive", f"{text}: {why}", seeds_needed(result, spec, params, n_b, n_t))
+
+
+# ---------------------------------------------------------------------------------------------
+# Diverged runs
+
+
+def _diverged_verdict(
+    status: str, reason: str, tokens: int, primary: MetricSpec, n_b: int, n_t: int, decide=None
+) -> Verdict:
+    """A verdict with no finite numbers to report (a divergence on either side)."""
+    return Verdict(
+        status=status,
+        effect=math.nan,
+        effect_abs=math.nan,
+        noise=math.nan,
+        z=math.nan,
+        tokens=int(tokens),
+        n_baseline=n_b,
+        n_test=n_t,
+        paired=None,
+        guards=[],
+        reason=reason,
+        decide=decide,
+        metric=primary.metric,
+    )
+
+
+def where_blown(points: Points) -> int:
+    """Where a diverged run blew up: its first NaN/inf point, else its last point."""
+    nonfinite = [step for step, value in points if not math.isfinite(value)]
+    return min(nonfinite, default=max((step for step, _ in points), default=0))
+
+
+def against_diverged(
     baseline: Runs,
     test: Runs,
     primary: MetricSpec,
@@ -601,59 +756,67 @@ def _against_diverged(
 ) -> Verdict:
     """The verdict against a baseline that diverged: the question is no longer "better at
     matched tokens" (there is nothing finite to match) but "does the divergence go away"."""
-    n = len(baseline)
-    # Where each diverged baseline seed blew up: its first NaN/inf point, else its last point.
-    where = max(
-        min(
-            (s for s, v in baseline[seed] if not math.isfinite(v)),
-            default=max((s for s, _ in baseline[seed]), default=0),
-        )
-        for seed in blown
-    )
-    reached = min((_last_finite_step(pts) or 0) for pts in test.values())
+    n_b, n_t = len(baseline), len(test)
+    where = max(where_blown(baseline[seed]) for seed in blown)
+    reached = min((last_finite_step(points) or 0) for points in test.values())
     base = (
         f"{primary.metric} went NaN/inf in baseline seed(s) {', '.join(map(str, blown))} "
-        f"of {n} (by {where:,} tokens)"
+        f"of {n_b} (by {where:,} tokens)"
     )
-
-    def verdict(status: str, reason: str, decide: str | None = None) -> Verdict:
-        return Verdict(
-            status=status,
-            effect=math.nan,
-            effect_abs=math.nan,
-            noise=math.nan,
-            z=math.nan,
-            tokens=int(reached),
-            n_baseline=n,
-            n_test=len(test),
-            paired=None,
-            guards=[],
-            reason=reason,
-            decide=decide,
-            metric=primary.metric,
-        )
-
     if diverged or bad:
         who = f"test seed(s) {', '.join(map(str, bad))}" if bad else "the test (marked)"
-        return verdict("rejected", f"diverged: {who} too, as {base}")
+        reason = f"diverged: {who} too, as {base}"
+        return _diverged_verdict("rejected", reason, reached, primary, n_b, n_t)
     if reached <= where:
-        return verdict(
+        return _diverged_verdict(
             "inconclusive",
             f"{base}; the test stopped at {reached:,} tokens, before that point",
+            reached,
+            primary,
+            n_b,
+            n_t,
             "run the test to the baseline's budget",
         )
-    if len(blown) < n:
-        return verdict(
+    if len(blown) < n_b:
+        return _diverged_verdict(
             "inconclusive",
             f"{base}, in no test seed: with other baseline seeds "
             "finite, a removed divergence cannot be told from chance",
+            reached,
+            primary,
+            n_b,
+            n_t,
             "record a baseline with more seeds (every one diverging)",
         )
-    return verdict(
+    return _diverged_verdict(
         "confirmed",
         f"removes the divergence: {base}; every test seed trained to "
         f"{reached:,} tokens with a finite {primary.metric}",
+        reached,
+        primary,
+        n_b,
+        n_t,
     )
+
+
+def rejected_as_diverged(
+    baseline: Runs, test: Runs, primary: MetricSpec, bad: list[int], diverged: bool
+) -> Verdict:
+    """A test seed reached NaN/inf (or the caller says the test diverged): rejected."""
+    finite = {seed: points for seed, points in test.items() if seed not in bad}
+    tokens = matched_tokens(baseline, finite, primary.metric)
+    who = (
+        f"test seed(s) {', '.join(map(str, bad))} reached NaN/inf in {primary.metric}"
+        if bad
+        else "the test was marked diverged by the caller"
+    )
+    return _diverged_verdict(
+        "rejected", f"diverged: {who}", tokens, primary, len(baseline), len(test)
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# compare: the steps in order
 
 
 def compare(
@@ -685,161 +848,143 @@ def compare(
         raise ValueError("compare: no baseline runs")
     if not test:
         raise ValueError("compare: no test runs")
-    blown = {s for s, pts in baseline.items() if _has_nonfinite(pts)} | set(baseline_diverged)
-    for seed, pts in baseline.items():
-        if not pts and seed not in blown:
+    blown = {s for s, points in baseline.items() if has_nonfinite(points)} | set(baseline_diverged)
+    for seed, points in baseline.items():
+        if not points and seed not in blown:
             raise ValueError(f"baseline seed {seed}: no {primary.metric} points")
-    bad = sorted(s for s, pts in test.items() if _has_nonfinite(pts))
+    bad = sorted(s for s, points in test.items() if has_nonfinite(points))
     if blown:
-        return _against_diverged(baseline, test, primary, sorted(blown), bad, diverged)
-    ends = [_last_finite_step(pts) for pts in baseline.values()]
-    ends += [_last_finite_step(pts) for s, pts in test.items() if s not in bad]
-    if any(e is None for e in ends):
-        raise ValueError(f"compare: a run has no finite {primary.metric} value")
-    tokens = min(ends) if ends else 0
-
+        return against_diverged(baseline, test, primary, sorted(blown), bad, diverged)
     if diverged or bad:
-        who = (
-            f"test seed(s) {', '.join(map(str, bad))} reached NaN/inf in {primary.metric}"
-            if bad
-            else "the test was marked diverged by the caller"
-        )
-        return Verdict(
-            status="rejected",
-            effect=math.nan,
-            effect_abs=math.nan,
-            noise=math.nan,
-            z=math.nan,
-            tokens=int(tokens),
-            n_baseline=len(baseline),
-            n_test=len(test),
-            paired=None,
-            guards=[],
-            reason=f"diverged: {who}",
-            metric=primary.metric,
-        )
+        return rejected_as_diverged(baseline, test, primary, bad, diverged)
 
-    window = _window(primary, params)
-    base_v = _values(baseline, tokens, window, primary.metric, "baseline")
-    test_v = _values(test, tokens, window, primary.metric, "test")
-    c = _contrast(primary, base_v, test_v, params)
-    z_confirm = bonferroni_z(params.z_confirm, looks)
-    z_needed = z_threshold(z_confirm, c.df, params.small_sample)
-    paired = _paired(primary, base_v, test_v, c.scale, params)
-
-    guard_rows = []
-    for g in guards:
-        b_runs = (baseline_guards or {}).get(g.metric)
-        t_runs = (test_guards or {}).get(g.metric)
-        if not b_runs or not t_runs:
-            raise ValueError(
-                f"guard {g.metric}: pass its histories in baseline_guards and test_guards "
-                "(metric -> seed -> points)"
-            )
-        gw = _window(g, params)
-        gc = _contrast(
-            g,
-            _values(b_runs, tokens, gw, g.metric, "baseline"),
-            _values(t_runs, tokens, gw, g.metric, "test"),
-            params,
-        )
-        gz = z_threshold(params.z_guard, gc.df, params.small_sample)
-        floor = g.min_effect if g.min_effect > 0 else params.guard_floor
-        regressed = gc.effect < -gz * gc.noise and gc.effect < -floor
-        guard_rows.append(
-            {
-                "metric": g.metric,
-                "direction": g.direction,
-                "baseline": gc.mean_b,
-                "test": gc.mean_t,
-                "effect": gc.effect,
-                "effect_abs": gc.effect_abs,
-                "noise": gc.noise,
-                "z": gc.z,
-                "z_needed": gz,
-                "floor": floor,
-                "regressed": bool(regressed),
-                "summary": _summary(g.metric, gc),
-            }
-        )
-
-    summary = _summary(primary.metric, c)
-    zn = f"{z_needed:.2g}σ noise" + (
-        f" (z {z_confirm:.3g} at {c.df:.1f} df)" if z_needed != z_confirm else ""
-    )
-    if looks > 1:
-        zn += f"; Bonferroni: best of {looks} trials, z {params.z_confirm:g} -> {z_confirm:.3g}"
-    me = _pct(primary.min_effect)
-    decide = None
-    regressed = [g for g in guard_rows if g["regressed"]]
-    if regressed:
-        status = "rejected"
-        reason = "; ".join(
-            f"guard {g['summary']} regressed beyond {_pct(g['floor'])} and {g['z_needed']:.2g}σ"
-            for g in regressed
-        )
-        reason += f"; primary {summary}"
-    elif c.effect < -z_needed * c.noise:
-        status = "rejected"
-        reason = f"{summary}: worse than baseline beyond {zn}"
-    elif c.effect + z_needed * c.noise < primary.min_effect:
-        status = "rejected"
-        upper = c.effect + z_needed * c.noise
-        reason = f"{summary}: improvement at most {_pct(upper)} at {zn}, below min effect {me}"
-    elif c.effect > primary.min_effect and c.effect > z_needed * c.noise:
-        if paired is not None and paired["available"] and not paired["agrees"]:
-            status = "inconclusive"
-            reason = (
-                f"{summary}: beyond min effect {me} and {zn}, but the paired comparison over "
-                f"{paired['n']} common seeds disagrees in sign (t={_zs(paired['t'])})"
-            )
-            decide = "rerun with the same seeds on both sides; " + _seeds_needed(
-                c, primary, params, len(base_v), len(test_v)
-            )
-        else:
-            status = "confirmed"
-            reason = f"{summary} beyond min effect {me} and {zn}"
-            if paired is not None and paired["available"]:
-                reason += f"; paired over {paired['n']} seeds t={_zs(paired['t'])}"
-    else:
-        status = "inconclusive"
-        if c.effect <= z_needed * c.noise:
-            why = f"within {zn}"
-        else:
-            why = f"beyond noise but below min effect {me}, which it may still reach"
-        reason = f"{summary}: {why}"
-        decide = _seeds_needed(c, primary, params, len(base_v), len(test_v))
-    if c.assumed:
+    tokens = matched_tokens(baseline, test, primary.metric)
+    window = window_for(primary, params)
+    base_values = matched_values(baseline, tokens, window, primary.metric, "baseline")
+    test_values = matched_values(test, tokens, window, primary.metric, "test")
+    result = contrast(primary, base_values, test_values, params)
+    threshold = confirm_threshold(result.df, looks, params)
+    paired = paired_check(primary, base_values, test_values, result.scale, params)
+    guard_results = guard_rows(guards, baseline_guards, test_guards, tokens, params)
+    n_b, n_t = len(base_values), len(test_values)
+    outcome = decision(result, primary, threshold, paired, guard_results, params, n_b, n_t)
+    reason = outcome.reason
+    if result.assumed:
         reason += (
             f"; 1 baseline seed: seed noise assumed {_pct(params.single_seed_sigma)} per seed "
             "(verdict.yaml single_seed_sigma)"
         )
     return Verdict(
-        status=status,
-        effect=c.effect,
-        effect_abs=c.effect_abs,
-        noise=c.noise,
-        z=c.z,
+        status=outcome.status,
+        effect=result.effect,
+        effect_abs=result.effect_abs,
+        noise=result.noise,
+        z=result.z,
         tokens=int(tokens),
-        n_baseline=len(base_v),
-        n_test=len(test_v),
+        n_baseline=n_b,
+        n_test=n_t,
         paired=paired,
-        guards=guard_rows,
+        guards=guard_results,
         reason=reason,
-        decide=decide,
+        decide=outcome.decide,
         metric=primary.metric,
-        baseline_value=c.mean_b,
-        test_value=c.mean_t,
-        z_needed=z_needed,
-        df=c.df,
+        baseline_value=result.mean_b,
+        test_value=result.mean_t,
+        z_needed=threshold.z_needed,
+        df=result.df,
         looks=looks,
-        baseline_sigma=c.sigma_b,
-        test_sigma=c.sigma_t,
+        baseline_sigma=result.sigma_b,
+        test_sigma=result.sigma_t,
     )
 
 
 # ---------------------------------------------------------------------------------------------
 # Early rejection
+
+
+def diverged_stop(
+    partial_test: Runs, primary: MetricSpec, bad: list[int], budget: int
+) -> EarlyStop:
+    """Stop a diverged test at its first NaN/inf mark (or its latest mark when marked)."""
+    first_bad = [
+        int(s) for points in partial_test.values() for s, v in points if not math.isfinite(v)
+    ]
+    latest = max((int(s) for points in partial_test.values() for s, _ in points), default=0)
+    who = f"test seed(s) {', '.join(map(str, bad))}" if bad else "the test (marked)"
+    return EarlyStop(
+        tokens=min(first_bad) if first_bad else latest,
+        reason=f"diverged: {who} reached NaN/inf in {primary.metric}",
+        z=math.inf,
+        budget_tokens=budget,
+    )
+
+
+def marks_to_judge(baseline: Runs, partial_test: Runs, start: float) -> list[int]:
+    """The test's token marks from `start` up to the latest one every run reached."""
+    ends = [last_finite_step(points) for points in [*baseline.values(), *partial_test.values()]]
+    if any(end is None for end in ends):
+        return []
+    common = min(ends)
+    steps = {int(s) for points in partial_test.values() for s, _ in points}
+    return sorted(step for step in steps if start <= step <= common)
+
+
+@dataclass(frozen=True)
+class MarkCheck:
+    """How much worse the test is at one mark, against the early threshold there."""
+
+    mark: int
+    mean_b: float
+    mean_t: float
+    worse: float
+    """Relative amount by which the test is worse (direction-aware; negative = better)."""
+    rel_sigma: float
+    """Per-seed sigma relative to |baseline mean|."""
+    margin: float
+    """Relative margin for the budget still to run: floor + slack (1 - f)."""
+    hit: bool
+
+
+def worse_at_mark(
+    baseline: Runs,
+    partial_test: Runs,
+    primary: MetricSpec,
+    mark: int,
+    budget: int,
+    params: VerdictParams,
+) -> MarkCheck | None:
+    """Is the test worse than the baseline band at this mark? (None: a run has no value yet)"""
+    window = window_for(primary, params)
+    base = [matched_value(points, mark, window) for points in baseline.values()]
+    test = [matched_value(points, mark, window) for points in partial_test.values()]
+    if any(value is None for value in base + test):
+        return None
+    mean_b, mean_t = float(np.mean(base)), float(np.mean(test))
+    scale = abs(mean_b) or 1.0
+    sigmas = [sample_sigma(values) for values in (base, test) if len(values) >= 2]
+    sigma = max(sigmas) if sigmas else params.single_seed_sigma * scale
+    worse = -better_sign(primary) * (mean_t - mean_b) / scale
+    rel_sigma = sigma / scale
+    margin = params.early.floor + params.early.slack * (1.0 - min(1.0, mark / budget))
+    hit = worse > params.early.z * rel_sigma + margin
+    return MarkCheck(mark, mean_b, mean_t, worse, rel_sigma, margin, hit)
+
+
+def early_stop(check: MarkCheck, primary: MetricSpec, budget: int, params: VerdictParams):
+    z = check.worse / check.rel_sigma if check.rel_sigma > 0 else math.inf
+    early = params.early
+    return EarlyStop(
+        tokens=check.mark,
+        reason=(
+            f"{primary.metric} at {check.mark:,} tokens ({check.mark / budget:.0%} of the "
+            f"budget): {_num(check.mean_t)} vs baseline {_num(check.mean_b)} "
+            f"({_pct(-better_sign(primary) * check.worse, signed=True)}), worse by {z:.1f}σ of "
+            f"seed noise (> {early.z:g}σ + {_pct(check.margin)}) at {early.consecutive} "
+            "consecutive marks"
+        ),
+        z=z,
+        budget_tokens=budget,
+    )
 
 
 def early_reject(
@@ -860,63 +1005,18 @@ def early_reject(
     the mark just reached. None: keep running. `min_frac` overrides early.min_frac (pass ~1 for
     hypotheses whose gain only shows at the end, e.g. schedule changes)."""
     params = params or load_params()
-    ep = params.early
     if budget_tokens <= 0:
         raise ValueError(f"early_reject: budget_tokens must be > 0, got {budget_tokens}")
     if not baseline or not partial_test:
         return None
-    bad = sorted(s for s, pts in partial_test.items() if _has_nonfinite(pts))
+    bad = sorted(s for s, points in partial_test.items() if has_nonfinite(points))
     if diverged or bad:
-        first_bad = [
-            int(s) for pts in partial_test.values() for s, v in pts if not math.isfinite(v)
-        ]
-        last = max((int(s) for pts in partial_test.values() for s, _ in pts), default=0)
-        last = min(first_bad) if first_bad else last
-        who = f"test seed(s) {', '.join(map(str, bad))}" if bad else "the test (marked)"
-        return EarlyStop(
-            tokens=last,
-            reason=f"diverged: {who} reached NaN/inf in {primary.metric}",
-            z=math.inf,
-            budget_tokens=budget_tokens,
-        )
-    ends = [_last_finite_step(pts) for pts in [*baseline.values(), *partial_test.values()]]
-    if any(e is None for e in ends):
-        return None
-    common = min(ends)
-    start = (ep.min_frac if min_frac is None else min_frac) * budget_tokens
-    marks = sorted(
-        {int(s) for pts in partial_test.values() for s, _ in pts if start <= s <= common}
-    )
-    window = _window(primary, params)
-    sign = 1.0 if primary.direction == "max" else -1.0
-    run = 0
-    for mark in marks:
-        b = [matched_value(p, mark, window) for p in baseline.values()]
-        t = [matched_value(p, mark, window) for p in partial_test.values()]
-        if any(v is None for v in b + t):
-            run = 0
-            continue
-        mean_b, mean_t = float(np.mean(b)), float(np.mean(t))
-        scale = abs(mean_b) or 1.0
-        sigmas = [_sample_sigma(x) for x in (b, t) if len(x) >= 2]
-        sigma = max(sigmas) if sigmas else params.single_seed_sigma * scale
-        worse = -sign * (mean_t - mean_b) / scale
-        rel_sigma = sigma / scale
-        frac = min(1.0, mark / budget_tokens)
-        margin = ep.floor + ep.slack * (1.0 - frac)
-        hit = worse > ep.z * rel_sigma + margin
-        run = run + 1 if hit else 0
-        if run >= ep.consecutive:
-            z = worse / rel_sigma if rel_sigma > 0 else math.inf
-            return EarlyStop(
-                tokens=mark,
-                reason=(
-                    f"{primary.metric} at {mark:,} tokens ({mark / budget_tokens:.0%} of the "
-                    f"budget): {_num(mean_t)} vs baseline {_num(mean_b)} "
-                    f"({_pct(-sign * worse, signed=True)}), worse by {z:.1f}σ of seed noise "
-                    f"(> {ep.z:g}σ + {_pct(margin)}) at {ep.consecutive} consecutive marks"
-                ),
-                z=z,
-                budget_tokens=budget_tokens,
-            )
+        return diverged_stop(partial_test, primary, bad, budget_tokens)
+    start = (params.early.min_frac if min_frac is None else min_frac) * budget_tokens
+    streak = 0
+    for mark in marks_to_judge(baseline, partial_test, start):
+        check = worse_at_mark(baseline, partial_test, primary, mark, budget_tokens, params)
+        streak = streak + 1 if check is not None and check.hit else 0
+        if streak >= params.early.consecutive:
+            return early_stop(check, primary, budget_tokens, params)
     return None

@@ -18,6 +18,7 @@ from typing import Any
 
 import yaml
 
+from diag.metric import DIRECTIONS, MetricSpec
 from diag.schema import QUESTIONS
 
 CARDS_DIR = Path(__file__).parent
@@ -27,8 +28,6 @@ MAX_BYTES = 64 * 1024
 """Largest card file read: a real card is a few hundred bytes; a bigger one is a mistake or an
 attack, and refusing it before parsing bounds the work the parser can be made to do."""
 
-DIRECTIONS = ("min", "max")
-"""Whether a metric is better lower (`min`, e.g. eval/loss) or higher (`max`, tokens/s)."""
 
 ID_PATTERN = re.compile(r"^[a-z0-9_]+$")
 """Card and trigger ids: lower-case snake case, so they are also valid file stems."""
@@ -71,20 +70,6 @@ _REQUIRED = ("id", "title", "question", "statement", "delta", "primary")
 
 
 @dataclass(frozen=True)
-class Metric:
-    """A metric the verdict compares between the baseline and the hypothesis run."""
-
-    metric: str
-    """The MLflow key logged by the job (step = tokens seen), e.g. `eval/loss`."""
-    direction: str
-    """`min` when lower is better, `max` when higher is better."""
-    min_effect: float = 0.0
-    """For the primary metric: the smallest relative improvement worth acting on (0.01 = 1%),
-    so a real but negligible effect is not reported as a win. For a guard: the relative
-    regression tolerated beyond seed noise (0 = none)."""
-
-
-@dataclass(frozen=True)
 class Claim:
     """What a report claimed for this change, shown next to the measured effect."""
 
@@ -112,9 +97,9 @@ class Card:
     delta: tuple[str, ...]
     """Hydra overrides that change one variable: one leaf, or one config-group choice. A value
     `*F` means the baseline's value times F, so the card fits any baseline."""
-    primary: Metric
+    primary: MetricSpec
     """The metric that decides the verdict, with the smallest effect that matters."""
-    guards: tuple[Metric, ...] = ()
+    guards: tuple[MetricSpec, ...] = ()
     """Metrics that must not regress beyond seed noise: a win on the primary metric that
     costs, say, throughput or loss elsewhere is not a win."""
     triggers: tuple[str, ...] = ()
@@ -272,7 +257,7 @@ def _number(path: Path, name: str, value: Any) -> float:
     return float(value)
 
 
-def _metric(path: Path, name: str, value: Any, need_effect: bool) -> Metric:
+def _metric(path: Path, name: str, value: Any, need_effect: bool) -> MetricSpec:
     allowed = {"metric", "direction", "min_effect"}
     if not isinstance(value, dict):
         raise _fail(path, name, f"must be a mapping, got {value!r}", f"write {_FIELDS['primary']}")
@@ -294,7 +279,7 @@ def _metric(path: Path, name: str, value: Any, need_effect: bool) -> Metric:
             "min when lower is better (loss), max when higher is (tokens/s)",
         )
     effect = _number(path, f"{name}.min_effect", value.get("min_effect", 0.0))
-    return Metric(metric, direction, effect)
+    return MetricSpec(metric, direction, effect)
 
 
 def _delta(path: Path, value: Any) -> tuple[str, ...]:

@@ -12,13 +12,13 @@ import pytest
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from diag.metric import MetricSpec
 from diag.triage import TABLES_DIR, load_tables
 from hypotheses import schema
 from hypotheses.schema import (
     CARDS_DIR,
     MAX_BYTES,
     Card,
-    Metric,
     cards_for,
     load_card,
     load_cards,
@@ -102,7 +102,7 @@ def test_delta_names_exactly_one_key(card_id: str):
 def test_primary_and_guards_follow_the_question():
     for card in CARDS.values():
         if card.question in ("Q1", "Q2"):
-            assert card.primary == Metric("eval/loss", "min", card.primary.min_effect), card.id
+            assert card.primary == MetricSpec("eval/loss", "min", card.primary.min_effect), card.id
         else:
             assert card.primary.metric in (
                 "perf/tokens_per_s",
@@ -180,7 +180,7 @@ def _card(card_id: str, *triggers: str) -> Card:
         question="Q1",
         statement="I think x because y",
         delta=("optim.lr=*0.1",),
-        primary=Metric("eval/loss", "min", 0.01),
+        primary=MetricSpec("eval/loss", "min", 0.01),
         triggers=triggers,
     )
 
@@ -240,8 +240,8 @@ def refused(path: Path, *expected: str) -> str:
 def test_valid_card_loads(tmp_path: Path):
     card = load_card(write(tmp_path, VALID))
     assert card.id == "my_card" and card.delta == ("optim.lr=*0.1",)
-    assert card.primary == Metric("eval/loss", "min", 0.01)
-    assert card.guards == (Metric("perf/tokens_per_s", "max", 0.0),)
+    assert card.primary == MetricSpec("eval/loss", "min", 0.01)
+    assert card.guards == (MetricSpec("perf/tokens_per_s", "max", 0.0),)
     assert card.claimed is not None and card.claimed.confidence == "85%"
     assert card.variable == "optim.lr"
 

@@ -7,6 +7,7 @@ import dataclasses
 import itertools
 import json
 import math
+from statistics import NormalDist
 
 import numpy as np
 import pytest
@@ -19,8 +20,6 @@ from diag.verdict import (
     early_reject,
     load_params,
     matched_value,
-    t_ppf,
-    t_sf,
     z_threshold,
 )
 
@@ -35,19 +34,17 @@ def runs(values: dict[int, float], tokens: int = 4096) -> dict[int, list[tuple[i
     return {s: [(1024, 5.0), (tokens, float(v))] for s, v in values.items()}
 
 
-# --- t distribution (written by hand, no scipy) ------------------------------------------------
+# --- the small-sample threshold (scipy.stats' Student t) -------------------------------------
 
 
-def test_t_quantiles_match_the_tables():
-    assert t_ppf(0.975, 1) == pytest.approx(12.7062, abs=1e-3)
-    assert t_ppf(0.975, 2) == pytest.approx(4.3027, abs=1e-4)
-    assert t_ppf(0.975, 4) == pytest.approx(2.7764, abs=1e-4)
-    assert t_ppf(0.975, 10) == pytest.approx(2.2281, abs=1e-4)
-    assert t_ppf(0.995, 30) == pytest.approx(2.7500, abs=1e-4)
-    assert t_sf(2.0, math.inf) == pytest.approx(0.02275, abs=1e-5)
-    # df 2 has a closed form: P(T > t) = (1 - t / sqrt(t^2 + 2)) / 2
-    assert t_sf(1.7, 2) == pytest.approx((1 - 1.7 / math.sqrt(1.7**2 + 2)) / 2, rel=1e-10)
-    assert t_sf(-1.7, 2) == pytest.approx(1 - t_sf(1.7, 2), rel=1e-12)
+def test_small_sample_thresholds_match_the_tables():
+    # z whose one-sided tail is 2.5% -> the t quantiles of 97.5% in any table
+    z975 = NormalDist().inv_cdf(0.975)
+    assert z_threshold(z975, 1) == pytest.approx(12.7062, abs=1e-3)
+    assert z_threshold(z975, 2) == pytest.approx(4.3027, abs=1e-4)
+    assert z_threshold(z975, 4) == pytest.approx(2.7764, abs=1e-4)
+    assert z_threshold(z975, 10) == pytest.approx(2.2281, abs=1e-4)
+    assert z_threshold(NormalDist().inv_cdf(0.995), 30) == pytest.approx(2.7500, abs=1e-4)
     # the small-sample threshold: same one-sided confidence as z=2 (97.7%)
     assert z_threshold(2.0, 4) == pytest.approx(2.869, abs=1e-3)
     assert z_threshold(2.0, math.inf) == 2.0

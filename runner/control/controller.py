@@ -28,7 +28,8 @@ from omegaconf import DictConfig
 from rich.console import Console
 
 from diag.effect import change, describe, metric_key
-from diag.verdict import MetricSpec, compare, early_reject
+from diag.metric import MetricSpec
+from diag.verdict import compare, early_reject
 from hypotheses.schema import Card, load_cards
 from runner import markdown, provenance
 from runner.compose import compose
@@ -322,8 +323,8 @@ def test(store: Store, name: str | None, argument: list[str], why: str) -> Outco
         refuse_repeat(state, list(delta.overrides))
         test_run, number = claim(store, state, delta, card, why)
 
-    primary = _spec(card.primary) if card else DEFAULT_PRIMARY
-    guards = [_spec(g) for g in card.guards] if card else []
+    primary = card.primary if card else DEFAULT_PRIMARY
+    guards = list(card.guards) if card else []
     watch = EarlyRejection(store, state, primary)
     configs = seed_configs(store, state, delta.overrides, test_run, f"H{number}", delta.variable)
     done = finished_seeds(store, test_run)  # a resumed test does not rerun finished seeds
@@ -687,10 +688,6 @@ def summary(state: State, diagnosis: dict[str, Any] | None = None) -> str:
     for t in state.tests:
         lines.append(f"H{t.number} {' '.join(t.delta)}: {t.verdict}")
     return "\n".join(lines)
-
-
-def _spec(metric) -> MetricSpec:
-    return MetricSpec(metric.metric, metric.direction, getattr(metric, "min_effect", 0.0))
 
 
 def _curves(store: Store, run_ids: list[str], metric: str) -> dict[int, list[tuple[int, float]]]:

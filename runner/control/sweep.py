@@ -33,7 +33,8 @@ from optuna.distributions import (
 from optuna.pruners import BasePruner
 from optuna.trial import TrialState
 
-from diag.verdict import MetricSpec, early_reject
+from diag.metric import MetricSpec
+from diag.verdict import early_reject
 from runner.compose import compose
 from runner.control.controller import (
     DEFAULT_PRIMARY,
