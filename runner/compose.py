@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from hydra import compose as hydra_compose
-from hydra import initialize_config_module
+from hydra import initialize_config_dir, initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
 from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -18,14 +18,24 @@ CONFIG_NAME = "train"
 
 
 def compose(
-    overrides: Sequence[str] = (), config_name: str = CONFIG_NAME, return_hydra_config: bool = False
+    overrides: Sequence[str] = (),
+    config_name: str = CONFIG_NAME,
+    return_hydra_config: bool = False,
+    config_dir: str | None = None,
+    version_base: str | None = "1.3",
 ) -> DictConfig:
     """The resolved job config for `overrides`, or BadInput naming the bad override and the fix.
-    `return_hydra_config` keeps Hydra's own node (`hydra.launcher` among it), unresolved."""
+    `return_hydra_config` keeps Hydra's own node (`hydra.launcher` among it), unresolved.
+    `config_dir`: a user's app's config folder instead of ours (`version_base` as its
+    `@hydra.main` says)."""
     overrides = list(overrides)
     kwargs = {"overrides": overrides, "return_hydra_config": return_hydra_config}
     try:
-        if GlobalHydra.instance().is_initialized():  # inside a Hydra app: reuse its search path
+        if config_dir is not None:
+            GlobalHydra.instance().clear()  # an app run in this process leaves its own behind
+            with initialize_config_dir(config_dir=config_dir, version_base=version_base):
+                cfg = hydra_compose(config_name, **kwargs)
+        elif GlobalHydra.instance().is_initialized():  # inside a Hydra app: reuse its search path
             cfg = hydra_compose(config_name, **kwargs)
         else:
             with initialize_config_module(config_module=CONFIG_MODULE, version_base="1.3"):
@@ -44,7 +54,7 @@ def compose(
     except OverrideParseException as e:
         raise BadInput(f"cannot parse an override ({one_line(e)}): write key=value") from None
     except ConfigCompositionException as e:
-        raise BadInput(_composition(e)) from None
+        raise BadInput(_composition(e, config_dir)) from None
     except OmegaConfBaseException as e:
         raise BadInput(_omegaconf(e)) from None
     return cfg
@@ -60,13 +70,18 @@ def _missing_config(e: MissingConfigException) -> str:
     return f"no config {e.missing_cfg_file!r}{hint}"
 
 
-def _composition(e: ConfigCompositionException) -> str:
+def _composition(e: ConfigCompositionException, config_dir: str | None = None) -> str:
     text = str(e)
     if text.startswith("Could not override '"):
         key = text.split("'")[1]
+        where = (
+            f"the app's config in {config_dir}"
+            if config_dir
+            else ("`python -m runner.job.train --cfg job`")
+        )
         return (
-            f"unknown config key {key!r}: check its spelling against "
-            f"`python -m runner.job.train --cfg job`, or add a new key with '+{key}=...'"
+            f"unknown config key {key!r}: check its spelling against {where}, "
+            f"or add a new key with '+{key}=...'"
         )
     if text.startswith("Could not append to config"):
         return f"{one_line(e)}: drop the '+' to override an existing key"

@@ -115,11 +115,13 @@ def _store(overrides: list[str] | None = None, experiment: str | None = None):
 def cmd_baseline(args: argparse.Namespace) -> int:
     """Record a baseline: k seeds of the config as controlled jobs, L0 checks, triage."""
     from runner.control.controller import record_baseline
+    from runner.launch.app import HydraApp
     from runner.launch.launchers import split
 
     name = args.investigation or time.strftime("inv-%Y%m%d-%H%M%S")
-    store = _store(split(args.overrides)[0], args.experiment)
-    state = record_baseline(store, name, args.overrides, args.seeds, args.why)
+    app = HydraApp.load(args.app)  # a user's app (--app, or hyprun.yaml here), else ours
+    store = _store([] if app else split(args.overrides)[0], args.experiment)
+    state = record_baseline(store, name, args.overrides, args.seeds, args.why, app)
     console.print(
         f"baseline of investigation {state.name!r} recorded ({args.seeds} seeds, "
         f"parent run {state.run_id}); next: hyprun test CARD --why ..."
@@ -282,6 +284,9 @@ def parser() -> argparse.ArgumentParser:
     commands["baseline"].add_argument("--seeds", type=int, default=3, help="seeds (noise)")
     commands["demo"].add_argument("--seeds", type=int, default=3, help="seeds per baseline/test")
     commands["baseline"].add_argument("--why", default="", help="what prompted the investigation")
+    commands["baseline"].add_argument(
+        "--app", help="your Hydra app as package.module:function (declared in hyprun.yaml)"
+    )
     commands["test"].add_argument("hypothesis", nargs="+", help="a card id, or overrides")
     commands["test"].add_argument("--why", required=True, help="I think [cause] because [evidence]")
     sweep = commands["sweep"]

@@ -39,11 +39,13 @@ from runner.errors import BadInput, JobsFailed
 from runner.job.checkpoint import config_hash
 from runner.job.result import JobResult
 from runner.job.validate import reachable, validate
+from runner.launch.app import HydraApp
 from runner.launch.launchers import (
     Failed,
     InProcess,
     Job,
     Slurm,
+    budget_of,
     cancel_active,
     launcher_for,
     result_of,
@@ -66,15 +68,36 @@ class Outcome:
     verdict: dict[str, Any] | None = None
 
 
-def drift_key(overrides: list[str]) -> str:
+def drift_key(overrides: list[str], app: HydraApp | None = None) -> str:
     """The config hash a baseline is recorded under (bookkeeping keys excluded)."""
+    if app is not None:
+        return app.drift_key(overrides)
     return config_hash(compose(overrides), exclude=("checkpoint", "tracking"))
 
 
+def app_of(state: State) -> HydraApp | None:
+    """The user's app an investigation's baseline ran, or None for our own job."""
+    record = (state.baseline or {}).get("app")
+    return HydraApp.from_record(record) if record else None
+
+
+def code_version(app: HydraApp | None) -> str:
+    """The git commit of the code under test: the app's checkout, or hyprun's."""
+    return app.git_sha() if app is not None else provenance.git_state()[0]
+
+
 def job_config(
-    store: Store, overrides: list[str], seed: int, parent: str, name: str, tags: dict
+    store: Store,
+    overrides: list[str],
+    seed: int,
+    parent: str,
+    name: str,
+    tags: dict,
+    app: HydraApp | None = None,
 ) -> DictConfig:
     """One seed's job, recording into the investigation's store below `parent`."""
+    if app is not None:
+        return app.job_config(store.uri, store.experiment, overrides, seed, parent, name, tags)
     cfg = compose([*overrides, f"budget.seed={seed}"])
     validate(cfg)
     cfg.tracking.uri, cfg.tracking.experiment = store.uri, store.experiment
@@ -84,20 +107,31 @@ def job_config(
     return cfg
 
 
-def record_baseline(store: Store, name: str, overrides: list[str], seeds: int, why: str) -> State:
-    """Run the baseline's seeds as children of a new investigation, then triage seed 0."""
+def record_baseline(
+    store: Store,
+    name: str,
+    overrides: list[str],
+    seeds: int,
+    why: str,
+    app: HydraApp | None = None,
+) -> State:
+    """Run the baseline's seeds as children of a new investigation, then triage seed 0.
+    `app`: a user's Hydra app instead of our own job."""
     from runner.control.diagnose import diagnose
 
     if seeds < 1:
         raise BadInput(f"--seeds {seeds}: a baseline needs at least one seed (3 measure noise)")
     overrides, launcher_overrides = split(overrides)
-    validate(compose(overrides))  # refuse bad input before the investigation exists
+    if app is not None:  # refuse bad input before the investigation exists
+        app.check(overrides)
+    else:
+        validate(compose(overrides))
     reachable(store.uri)
     launcher = launcher_for(launcher_overrides, *_slurm_names(name, "baseline"))
     parent = store.create(name, f"Baseline: {' '.join(overrides) or 'defaults'}. {why}".strip())
     tags = {"hyprun.role": "baseline", "hyprun.investigation": name}
     jobs = [
-        Job(job_config(store, overrides, seed, parent, f"baseline · seed {seed}", tags))
+        Job(job_config(store, overrides, seed, parent, f"baseline · seed {seed}", tags, app))
         for seed in range(seeds)
     ]
     try:
@@ -106,14 +140,14 @@ def record_baseline(store: Store, name: str, overrides: list[str], seeds: int, w
         store.tag(parent, {"hyprun.baseline_error": str(error)[:4000]})
         store.finish(parent, "FAILED")
         raise
-    sha, _ = provenance.git_state()
     baseline = {
         "overrides": overrides,
         "launcher": launcher_overrides,
         "seeds": seeds,
-        "config_hash": drift_key(overrides),
-        "git_sha": sha,
+        "config_hash": drift_key(overrides, app),
+        "git_sha": code_version(app),
         "seed_runs": [r.run_id for r in results],
+        **({"app": app.record()} if app is not None else {}),
     }
     store.tag(parent, {"hyprun.baseline": json.dumps(baseline), "hyprun.why": why})
     store.metrics(parent, seed_noise(store, baseline["seed_runs"]))
@@ -194,14 +228,15 @@ def choose(argument: list[str], cards: dict[str, Card]) -> tuple[Card | None, li
 
 def check_drift(state: State) -> None:
     """A test is only controlled if code and config are those the baseline ran with."""
-    sha, _ = provenance.git_state()
+    app = app_of(state)
+    sha = code_version(app)
     recorded = state.baseline
     if recorded["git_sha"] != sha:
         raise BadInput(
             f"the code changed since the baseline (git {recorded['git_sha'][:10]} -> {sha[:10]}): "
             "comparing across that is not a controlled test; record a new baseline"
         )
-    if drift_key(recorded["overrides"]) != recorded["config_hash"]:
+    if drift_key(recorded["overrides"], app) != recorded["config_hash"]:
         raise BadInput(
             "the configs changed since the baseline (its composed config hashes differently): "
             "record a new baseline"
@@ -311,7 +346,8 @@ def test(store: Store, name: str | None, argument: list[str], why: str) -> Outco
     argument, launcher_overrides = split(argument)
     card, overrides = choose(argument, load_cards())
     baseline_overrides = state.baseline["overrides"]
-    delta = measure(baseline_overrides, overrides)
+    app = app_of(state)
+    delta = measure(baseline_overrides, overrides, app)
     launcher = where_tests_run(state, launcher_overrides, f"H{len(state.tests) + 1}")
     earlier = state.tested(list(delta.overrides))
     if earlier is not None and orphaned(earlier):  # the same command again, after a crash
@@ -325,13 +361,16 @@ def test(store: Store, name: str | None, argument: list[str], why: str) -> Outco
 
     primary = card.primary if card else DEFAULT_PRIMARY
     guards = list(card.guards) if card else []
+    if app is not None:  # the app's declared metric stands in for our eval/loss
+        primary = app.metric(card.primary if card else None)
+        guards = [app.metric(g) for g in guards]
     watch = EarlyRejection(store, state, primary)
     configs = seed_configs(store, state, delta.overrides, test_run, f"H{number}", delta.variable)
     done = finished_seeds(store, test_run)  # a resumed test does not rerun finished seeds
     for seed in done:
         watch.partial[seed] = store.history(done[seed].run_id, primary.metric)
     jobs = [
-        Job(cfg, watch.for_seed(seed, cfg.budget.tokens))
+        Job(cfg, watch.for_seed(seed, budget_of(cfg)))
         for seed, cfg in enumerate(configs)
         if seed not in done
     ]
@@ -391,6 +430,7 @@ def seed_configs(
 ) -> list[DictConfig]:
     """The baseline's seeds with `delta` on top, recording below `parent` (tagged so the runs
     table filters seed runs by variable and delta too)."""
+    app = app_of(state)
     tags = {
         "hyprun.role": "test-seed",
         "hyprun.investigation": state.name,
@@ -405,6 +445,7 @@ def seed_configs(
             parent,
             f"{label} · seed {seed}",
             tags,
+            app,
         )
         for seed in range(state.baseline["seeds"])
     ]
@@ -607,7 +648,8 @@ def escalate(store: Store, state: State) -> None:
     report = "\n".join(lines) + "\n"
     store.text(state.run_id, report, "escalation.md")  # recorded before anyone is told
     store.tag(state.run_id, {"hyprun.escalated": "true"})
-    tracking = compose(state.baseline["overrides"]).tracking
+    # An app's config has no tracking node of ours: hyprun's own defaults say whom to notify.
+    tracking = compose([] if app_of(state) else state.baseline["overrides"]).tracking
     if tracking.notify_url or tracking.notify_command:
         notice = {
             "investigation": state.name,
@@ -654,7 +696,7 @@ def verify(store: Store, name: str | None, test_name: str | None, promote: bool 
         promoted = dict(
             state.baseline,
             overrides=overrides,
-            config_hash=drift_key(overrides),
+            config_hash=drift_key(overrides, app_of(state)),
             seed_runs=[r.info.run_id for r in runs],
             promoted_from=f"H{test.number}",
         )

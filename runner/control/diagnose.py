@@ -97,7 +97,9 @@ def diagnose(uri: str, run_id: str | None, experiment: str) -> tuple[str, dict[s
     except Exception as error:
         raise BadInput(f"cannot read run {run_id} from {uri}: {error}") from None
     world = int(tags.get("hyprun.world_size", "1"))
-    evidence = Evidence(config, series, tags, static_checks(config, this_device(world)))
+    # The L0 checks read our job's config and data; a user's app has its own (tag hyprun.app).
+    static = [] if "hyprun.app" in tags else static_checks(config, this_device(world))
+    evidence = Evidence(config, series, tags, static)
     document = {"run_id": run_id, **triage(evidence).to_dict(), "static": evidence.static}
     drop_noop_cards(document["findings"], config)
     record_diagnosis(uri, run_id, document)

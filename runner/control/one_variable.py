@@ -20,6 +20,7 @@ from omegaconf import OmegaConf
 from hypotheses.schema import relative_factor
 from runner.compose import compose
 from runner.errors import BadInput
+from runner.launch.app import HydraApp
 
 CONTROLLED = Path(__file__).with_name("controlled.yaml")
 
@@ -78,34 +79,39 @@ def resolve_relative(baseline: dict[str, Any], overrides: list[str]) -> list[str
     return resolved
 
 
-def measure(baseline_overrides: list[str], hypothesis: list[str]) -> Delta:
+def measure(
+    baseline_overrides: list[str], hypothesis: list[str], app: HydraApp | None = None
+) -> Delta:
     """The Delta of `hypothesis` on top of the baseline, or BadInput when it is not exactly one
-    uncontrolled variable (the message names every changed key and suggests the split)."""
-    base_cfg = compose(baseline_overrides)
+    uncontrolled variable (the message names every changed key and suggests the split).
+    `app`: a user's Hydra app, whose own tree and declared controlled keys are used instead."""
+    compose_tree = app.compose if app else compose
+    rules = app.rules() if app else _rules()
+    base_cfg = compose_tree(baseline_overrides)
     base = OmegaConf.to_container(base_cfg, resolve=True)
     hypothesis = resolve_relative(base, hypothesis)
-    test_cfg = compose([*baseline_overrides, *hypothesis])
+    test_cfg = compose_tree([*baseline_overrides, *hypothesis])
     resolved = _diff(base, OmegaConf.to_container(test_cfg, resolve=True))
     raw = _diff(
         OmegaConf.to_container(base_cfg, resolve=False),
         OmegaConf.to_container(test_cfg, resolve=False),
     )
-    ignored = tuple(_rules()["ignored"])
-    independent = {k for k in raw if not k.startswith(ignored)}
-    changes = {k: v for k, v in resolved.items() if not k.startswith(ignored)}
+    ignored = rules["ignored"]
+    independent = {k for k in raw if not any(_under(k, i) for i in ignored)}
+    changes = {k: v for k, v in resolved.items() if not any(_under(k, i) for i in ignored)}
     if not changes:
         raise BadInput(
             f"the delta {' '.join(hypothesis)} changes nothing in the resolved config: "
             "a hypothesis must change one variable"
         )
-    for rule in _rules()["controlled"]:
-        touched = sorted(k for k in independent if k.startswith(rule["prefix"]))
+    for rule in rules["controlled"]:
+        touched = sorted(k for k in independent if _under(k, rule["prefix"]))
         if touched:
             raise BadInput(
                 f"{', '.join(touched)} is a controlled variable ({rule['why']}): "
                 "a hypothesis may not change it; record a new baseline instead"
             )
-    variables = _variables(independent, hypothesis)
+    variables = _variables(independent, hypothesis, app.groups() if app else config_groups())
     if len(variables) != 1:
         raise BadInput(
             f"the delta changes {len(variables)} variables ({', '.join(sorted(variables))}): "
@@ -116,9 +122,16 @@ def measure(baseline_overrides: list[str], hypothesis: list[str]) -> Delta:
     return Delta(tuple(hypothesis), variables.pop(), changes, derived)
 
 
-def _variables(independent: set[str], hypothesis: list[str]) -> set[str]:
+def _under(key: str, prefix: str) -> bool:
+    """Whether a dotted key is `prefix` or lies below it; a prefix ending in '.' or '_'
+    (`budget.`, `data.source.heldout_`) matches every key that starts with it."""
+    if prefix.endswith((".", "_")):
+        return key.startswith(prefix)
+    return key == prefix or key.startswith(prefix + ".")
+
+
+def _variables(independent: set[str], hypothesis: list[str], groups: set[str]) -> set[str]:
     """Group choices count once with everything under their node; other leaves count each."""
-    groups = config_groups()
     chosen = {_key(o) for o in hypothesis if _key(o) in groups}
     variables = set(chosen)
     for key in independent:

@@ -26,6 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 from runner import provenance
 from runner.errors import BadInput
 from runner.job.result import JobResult
+from runner.launch.app import AppFailed, AppJob, is_app, run_app
 from runner.store.tracking import RunReader
 
 GROUP, KEYS = "hydra/launcher=", "hydra.launcher."
@@ -136,6 +137,11 @@ def _strings(tree: Any, prefix: str = ""):
         yield prefix[:-1], tree
 
 
+def budget_of(config: DictConfig) -> int:
+    """A job's budget, in the steps its primary metric is logged at (tokens for our job)."""
+    return int(config.app.budget) if is_app(config) else int(config.budget.tokens)
+
+
 class InProcess:
     """Jobs in this process, one after another; a stopped group skips its remaining jobs."""
 
@@ -146,15 +152,23 @@ class InProcess:
         jobs: Sequence[Job],
         submitted: Callable[[list[str]], None] | None = None,
     ) -> list[Outcome]:
-        from runner.job.train import run
-
         outcomes: list[Outcome] = []
         stopped: set[str] = set()
         for job in jobs:
             if job.group in stopped:
                 outcomes.append(None)
                 continue
-            result = run(job.config, on_eval=job.on_eval)
+            if is_app(job.config):  # a user's app: its failure is this job's, not the batch's
+                try:
+                    result = run_app(job.config)
+                except AppFailed as error:
+                    outcomes.append(Failed(str(error)))
+                    stopped.add(job.group)  # its other seeds would fail alike
+                    continue
+            else:
+                from runner.job.train import run
+
+                result = run(job.config, on_eval=job.on_eval)
             if result.status == "stopped":
                 stopped.add(job.group)
             outcomes.append(result)
@@ -189,6 +203,12 @@ class TrainJob:
         import submitit
 
         return submitit.helpers.DelayedSubmission(self, *args, **kwargs)
+
+
+def slurm_task(config: DictConfig) -> TrainJob | AppJob:
+    """The picklable callable a Slurm task runs for one job."""
+    plain = OmegaConf.to_container(config, resolve=True)
+    return AppJob(plain) if is_app(config) else TrainJob(plain)
 
 
 @dataclass
@@ -243,10 +263,7 @@ class Slurm:
 
         executor = self.executor()
         with executor.batch():  # one job array
-            handles = [
-                executor.submit(TrainJob(OmegaConf.to_container(j.config, resolve=True)))
-                for j in jobs
-            ]
+            handles = [executor.submit(slurm_task(j.config)) for j in jobs]
         running = [_Running(job, handle) for job, handle in zip(jobs, handles, strict=True)]
         if submitted:
             submitted([r.slurm_id for r in running])

@@ -22,6 +22,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from runner.errors import BadInput
+from runner.store.app_runs import last_per_step
 from runner.store.tracking import experiment_id, redact
 
 STRIKES = 3
@@ -238,7 +239,9 @@ class Store:
         self.client.set_terminated(run_id, status=status)
 
     def history(self, run_id: str, key: str) -> list[tuple[int, float]]:
-        return sorted((m.step, m.value) for m in self.client.get_metric_history(run_id, key))
+        """One value per step (the last logged: a job resumed from an earlier checkpoint may log
+        a step again)."""
+        return last_per_step(self.client.get_metric_history(run_id, key))
 
     def run(self, run_id: str):
         """One run as MLflow returns it (`.info`, `.data.tags`, `.data.metrics`, `.data.params`)."""

@@ -1,0 +1,559 @@
+"""A user's own Hydra app as hyprun's job.
+
+    hyprun baseline --app my_pkg.train:main [overrides]      (or `app:` in hyprun.yaml)
+
+hyprun composes the app's own config tree (the folder and name its `@hydra.main` names, read from
+its source without importing it, or `config_path`/`config_name` in hyprun.yaml), applies the
+one-variable rule to that tree, and runs the app as it is: in this process, in a subprocess, or as
+a Slurm job through the same launchers as our own job. What hyprun cannot read from a config is
+declared in `hyprun.yaml` (the `Declaration` below): which keys are the seed, the data order, the
+budget and the held-out set (no hypothesis may change them), and which metric a verdict compares.
+
+One seed of the app is one MLflow run below the baseline's or the test's run. hyprun makes it
+before the app starts and hands it over through the environment (MLFLOW_RUN_ID,
+MLFLOW_TRACKING_URI, MLFLOW_EXPERIMENT_NAME/ID, HYPRUN_SEED): `mlflow.start_run()`, the HF
+Trainer's MLflow callback and Lightning's `MLFlowLogger(run_id=...)` all log into it. Afterwards
+hyprun reads the declared metric back by MLflow step and tags the run with how the app ended
+(`hyprun.outcome`, `hyprun.steps`), as our own job does, so the controller reads both alike.
+
+`hydra.run.dir` is set to one folder per seed run, the same on every attempt: an app that keeps
+its checkpoints under `${hydra:runtime.output_dir}` resumes after a Slurm requeue.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import importlib.util
+import math
+import os
+import subprocess
+import sys
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from omegaconf import DictConfig, OmegaConf
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from diag.metric import MetricSpec
+from runner import provenance
+from runner.compose import compose
+from runner.errors import BadInput
+from runner.job.result import JobResult
+from runner.store import app_runs
+from runner.store.tracking import flatten
+
+DECLARATION = "hyprun.yaml"
+EXIT_INTERRUPTED = 75
+Keys = str | list[str]
+
+
+class Controlled(BaseModel):
+    """Keys of the app's config that a hypothesis may not change."""
+
+    model_config = ConfigDict(extra="forbid")
+    seed: str
+    """hyprun sets it to 0, 1, ... for the baseline's seeds (and a test reuses them)."""
+    data_order: Keys
+    budget: Keys
+    """The token or step budget: the runs compared must train equally long."""
+    heldout: Keys
+
+
+class Metric(BaseModel):
+    """The metric a verdict compares, as the app logs it to MLflow."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    direction: Literal["min", "max"]
+    step: Literal["tokens", "steps"]
+    """What the metric's MLflow step counts: runs are compared at matched steps of this kind."""
+    min_effect: float = Field(0.01, ge=0)
+    """The smallest relative improvement that matters (when a test names no card)."""
+
+
+class Declaration(BaseModel):
+    """The schema of hyprun.yaml."""
+
+    model_config = ConfigDict(extra="forbid")
+    app: str | None = None
+    """`package.module:function`, the `@hydra.main` function (or --app on the command line)."""
+    config_path: str | None = None
+    """The app's config folder, relative to this file (default: the decorator's)."""
+    config_name: str | None = None
+    run: Literal["in_process", "subprocess"] = "in_process"
+    """Where a local seed runs (on Slurm every seed is its own job, the app its own process)."""
+    controlled: Controlled
+    metric: Metric
+    ignored: list[str] = []
+    """Bookkeeping keys (output folders, run names) that are not part of the experiment."""
+
+
+HINTS = {
+    "controlled": "declare controlled: with seed, data_order, budget and heldout (keys of your "
+    "config)",
+    "controlled.seed": "add controlled.seed: the key hyprun sets to 0, 1, ... (e.g. seed)",
+    "controlled.data_order": "add controlled.data_order: the key that fixes the data order "
+    "(e.g. data.seed)",
+    "controlled.budget": "add controlled.budget: the key of the token or step budget "
+    "(e.g. trainer.max_steps)",
+    "controlled.heldout": "add controlled.heldout: the key(s) that fix the held-out set "
+    "(e.g. data.val_size)",
+    "metric": "declare metric: with name, direction (min|max) and step (tokens|steps)",
+    "metric.name": "add metric.name: the MLflow metric a verdict compares (e.g. eval_loss)",
+    "metric.direction": "add metric.direction: min or max",
+    "metric.step": "add metric.step: tokens or steps, what the metric's MLflow step counts",
+}
+
+
+def load_declaration(path: Path) -> Declaration:
+    """hyprun.yaml, validated; BadInput names the file, the entry and the fix in one line."""
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as error:
+        raise BadInput(f"{path}: not YAML ({' '.join(str(error).split())})") from None
+    if not isinstance(data, dict):
+        raise BadInput(f"{path}: expected a mapping with controlled: and metric:")
+    try:
+        return Declaration.model_validate(data)
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        if first["type"] == "missing":
+            raise BadInput(f"{path}: {where} is missing: {HINTS.get(where, 'add it')}") from None
+        raise BadInput(f"{path}: {where}: {first['msg']}") from None
+
+
+@dataclass(frozen=True)
+class Decorator:
+    """What an `@hydra.main(...)` says, read from the app's source."""
+
+    source: Path
+    config_path: str | None
+    config_name: str | None
+    version_base: str | None
+
+
+def find_source(module: str) -> Path:
+    """The file of `module`, found without importing it (importing an app imports its stack)."""
+    if str(Path.cwd()) not in sys.path:
+        sys.path.insert(0, str(Path.cwd()))  # as `python -m` would
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+        raise BadInput(
+            f"--app: no Python module {module!r} here: run hyprun from the folder your app "
+            "imports from, or put it on PYTHONPATH"
+        )
+    return Path(spec.origin)
+
+
+def read_decorator(target: str) -> Decorator:
+    """The `@hydra.main` arguments of `module:function`, when they are literals."""
+    module, _, function = target.partition(":")
+    if not module or not function:
+        raise BadInput(f"--app {target}: write package.module:function (the @hydra.main one)")
+    source = find_source(module)
+    for node in ast.walk(ast.parse(source.read_text())):
+        if isinstance(node, ast.FunctionDef) and node.name == function:
+            for decorator in node.decorator_list:
+                if isinstance(decorator, ast.Call) and _names_hydra_main(decorator.func):
+                    return _decorator_arguments(source, decorator)
+            return Decorator(source, None, None, "1.3")
+    raise BadInput(f"--app {target}: {source} defines no function {function!r}")
+
+
+def _names_hydra_main(func: ast.expr) -> bool:
+    return (isinstance(func, ast.Attribute) and func.attr == "main") or (
+        isinstance(func, ast.Name) and func.id == "main"
+    )
+
+
+def _decorator_arguments(source: Path, call: ast.Call) -> Decorator:
+    values: dict[str, Any] = {"version_base": None}
+    names = ("config_path", "config_name", "version_base")
+    for name, arg in zip(names, call.args, strict=False):
+        values[name] = _literal(arg)
+    for keyword in call.keywords:
+        if keyword.arg in names:
+            values[keyword.arg] = _literal(keyword.value)
+    return Decorator(
+        source, values.get("config_path"), values.get("config_name"), values["version_base"]
+    )
+
+
+def _literal(node: ast.expr) -> Any:
+    try:
+        return ast.literal_eval(node)
+    except ValueError:
+        return None  # computed: hyprun.yaml has to say it
+
+
+def find_declaration(app_folder: Path | None) -> Path | None:
+    """hyprun.yaml in the working folder, else next to the app's source."""
+    for folder in (Path.cwd(), app_folder):
+        if folder is not None and (folder / DECLARATION).is_file():
+            return folder / DECLARATION
+    return None
+
+
+@dataclass(frozen=True)
+class HydraApp:
+    """A user's Hydra app with its declarations: everything hyprun needs to run and judge it."""
+
+    target: str
+    config_dir: str
+    config_name: str
+    version_base: str | None
+    declaration: Declaration
+    declared_in: str
+    source: str
+
+    @classmethod
+    def load(cls, target: str | None) -> HydraApp | None:
+        """The app named by --app or by hyprun.yaml in this folder; None when neither names one
+        (our own job). BadInput for an app without complete declarations."""
+        here = find_declaration(None)
+        declared = load_declaration(here) if here else None
+        target = target or (declared.app if declared else None)
+        if target is None:
+            return None
+        decorator = read_decorator(target)
+        path = here or find_declaration(decorator.source.parent)
+        if path is None:
+            raise BadInput(
+                f"--app {target}: no {DECLARATION} in {Path.cwd()} or {decorator.source.parent}: "
+                "write one declaring controlled: (seed, data_order, budget, heldout) and metric:"
+            )
+        declared = declared or load_declaration(path)
+        config_path = declared.config_path or decorator.config_path
+        folder = path.parent if declared.config_path else decorator.source.parent
+        config_name = declared.config_name or decorator.config_name
+        if config_path is None or config_name is None:
+            raise BadInput(
+                f"{path}: the app's @hydra.main names no literal config_path/config_name: "
+                "add config_path: and config_name: to it"
+            )
+        if config_path.startswith("pkg://"):
+            package = config_path[len("pkg://") :].replace("/", ".")
+            config_dir = find_source(package + ".__init__").parent
+        else:
+            config_dir = (folder / config_path).resolve()
+        if not (config_dir / f"{config_name}.yaml").is_file():
+            raise BadInput(
+                f"{path}: no config {config_name}.yaml in {config_dir}: fix config_path/config_name"
+            )
+        return cls(
+            target=target,
+            config_dir=str(config_dir),
+            config_name=config_name,
+            version_base=decorator.version_base,
+            declaration=declared,
+            declared_in=str(path.resolve()),
+            source=str(decorator.source.resolve()),
+        )
+
+    def record(self) -> dict[str, Any]:
+        """What the baseline keeps, so its tests run the same app under the same declarations."""
+        return {
+            "target": self.target,
+            "config_dir": self.config_dir,
+            "config_name": self.config_name,
+            "version_base": self.version_base,
+            "declaration": self.declaration.model_dump(),
+            "declared_in": self.declared_in,
+            "source": self.source,
+        }
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> HydraApp:
+        return cls(**{**record, "declaration": Declaration.model_validate(record["declaration"])})
+
+    # -- its config -------------------------------------------------------------------------
+    def compose(self, overrides: list[str] | tuple[str, ...]) -> DictConfig:
+        return compose(
+            list(overrides),
+            self.config_name,
+            config_dir=self.config_dir,
+            version_base=self.version_base,
+        )
+
+    def controlled_keys(self) -> dict[str, list[str]]:
+        """{declaration entry: the config keys it names}."""
+        found = {}
+        for entry, keys in self.declaration.controlled.model_dump().items():
+            found[entry] = [keys] if isinstance(keys, str) else list(keys)
+        return found
+
+    def check(self, overrides: list[str]) -> DictConfig:
+        """Compose the app's config; every declared key must be in it, the seed a whole number."""
+        cfg = self.compose(overrides)
+        for entry, keys in self.controlled_keys().items():
+            for key in keys:
+                if OmegaConf.select(cfg, key, default=_ABSENT) is _ABSENT:
+                    raise BadInput(
+                        f"{self.declared_in}: controlled.{entry} names {key!r}, which is not a key "
+                        f"of the app's config ({self.config_dir}/{self.config_name}.yaml): "
+                        "fix the key"
+                    )
+        seed = OmegaConf.select(cfg, self.declaration.controlled.seed)
+        if not isinstance(seed, int) or isinstance(seed, bool):
+            raise BadInput(
+                f"{self.declared_in}: controlled.seed names "
+                f"{self.declaration.controlled.seed!r}, which is {seed!r}: it must be an integer"
+            )
+        return cfg
+
+    def rules(self) -> dict[str, Any]:
+        """The one-variable rule's table for this app, in runner/control/controlled.yaml's shape:
+        each declared key with why it is controlled; the app's bookkeeping keys ignored."""
+        why = {
+            "seed": "the seeds are the baseline's",
+            "data_order": "the data order is fixed by the baseline",
+            "budget": "the budget is fixed by the baseline",
+            "heldout": "the held-out set is fixed by the baseline",
+        }
+        controlled = [
+            {"prefix": key, "why": f"{why[entry]}: declared in {DECLARATION}"}
+            for entry, keys in self.controlled_keys().items()
+            for key in keys
+        ]
+        return {"controlled": controlled, "ignored": ["hydra.", *self.declaration.ignored]}
+
+    def groups(self) -> set[str]:
+        """The app's config groups: folders of its config folder."""
+        root = Path(self.config_dir)
+        return {p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("_")}
+
+    def drift_key(self, overrides: list[str]) -> str:
+        from runner.job.checkpoint import config_hash
+
+        return config_hash(self.compose(overrides), exclude=tuple(self.declaration.ignored))
+
+    def git_sha(self) -> str:
+        """The commit of the app's own code (its checkout, not hyprun's)."""
+        return provenance.git_state(Path(self.source).parent)[0]
+
+    def metric(self, spec: MetricSpec | None = None) -> MetricSpec:
+        """The declared metric in place of our `eval/loss` (a card's min effect kept)."""
+        declared = self.declaration.metric
+        if spec is None:
+            return MetricSpec(declared.name, declared.direction, declared.min_effect)
+        if spec.metric == "eval/loss":
+            return MetricSpec(declared.name, declared.direction, spec.min_effect)
+        return spec
+
+    # -- its jobs ---------------------------------------------------------------------------
+    def job_config(
+        self,
+        uri: str,
+        experiment: str,
+        overrides: list[str],
+        seed: int,
+        parent: str,
+        name: str,
+        tags: dict[str, str],
+    ) -> DictConfig:
+        """One seed of the app, as the launchers take it: `app` says what to run, `tracking`
+        where it records (the same node our job has, so a launcher finds its run alike)."""
+        seed_key = self.declaration.controlled.seed
+        cfg = self.check([*overrides, f"{seed_key}={seed}"])
+        budget = self.controlled_keys()["budget"][0]
+        return OmegaConf.create(
+            {
+                "app": {
+                    "record": self.record(),
+                    "overrides": [*overrides, f"{seed_key}={seed}"],
+                    "cwd": str(Path.cwd()),
+                    "budget": OmegaConf.select(cfg, budget),
+                },
+                "tracking": {
+                    "uri": uri,
+                    "experiment": experiment,
+                    "parent_run_id": parent,
+                    "run_name": name,
+                    "tags": {**tags, "hyprun.seed": str(seed), "hyprun.app": self.target},
+                },
+            }
+        )
+
+
+_ABSENT = object()
+
+
+class AppFailed(Exception):
+    """The app crashed, or logged nothing hyprun can compare: no evidence (an error verdict)."""
+
+
+def is_app(config: DictConfig | dict) -> bool:
+    return "app" in config
+
+
+def run_app(config: DictConfig, process: str | None = None) -> JobResult:
+    """Run one seed of the app to its end; its result as MLflow records it. `process`:
+    in_process | subprocess (default: as declared)."""
+    job, tracking = config.app, config.tracking
+    app = HydraApp.from_record(OmegaConf.to_container(job.record))
+    overrides = list(job.overrides)
+    cfg = app.compose(overrides)
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    tags = {
+        **{k: str(v) for k, v in tracking.tags.items()},
+        "hyprun.git_sha": app.git_sha(),
+        "hyprun.config_hash": app.drift_key(overrides),
+        "hyprun.outcome": "running",
+        **provenance.slurm_tags(),
+    }
+    seed = int(tracking.tags["hyprun.seed"])
+    run_id, experiment_id, _ = app_runs.open_seed_run(
+        tracking.uri,
+        tracking.experiment,
+        tracking.parent_run_id,
+        seed,
+        tracking.run_name,
+        tags,
+        {f"config.{k}": v for k, v in flatten(resolved).items()},
+        OmegaConf.to_yaml(cfg, resolve=True),
+    )
+    run_dir = Path(job.cwd) / ".hyprun" / "apps" / run_id
+    env = {
+        "MLFLOW_TRACKING_URI": tracking.uri,
+        "MLFLOW_RUN_ID": run_id,
+        "MLFLOW_EXPERIMENT_ID": experiment_id,
+        "MLFLOW_EXPERIMENT_NAME": tracking.experiment,
+        "HYPRUN_SEED": str(seed),
+        "HYPRUN_RUN_DIR": str(run_dir),
+    }
+    # The config folder hyprun composed, absolute: Hydra resolves a relative config_path
+    # differently when the app is imported than when it runs as a script.
+    where = ["--config-path", app.config_dir, "--config-name", app.config_name]
+    argv = [*overrides, f"hydra.run.dir={run_dir}", *where]
+    process = process or app.declaration.run
+    if process == "subprocess":
+        code, reason = _subprocess(app.target, argv, env, Path(job.cwd))
+    else:
+        code, reason = _in_process(app.target, argv, env, Path(job.cwd))
+    return _read_back(app, tracking.uri, run_id, code, reason)
+
+
+def _read_back(app: HydraApp, uri: str, run_id: str, code: int, reason: str) -> JobResult:
+    """How the app ended, from its exit and the metric it logged; recorded on its run."""
+    metric = app.declaration.metric
+    if code > 0 and code != EXIT_INTERRUPTED:
+        app_runs.finish_seed_run(uri, run_id, {"hyprun.outcome": "crashed"}, "FAILED")
+        raise AppFailed(f"the app {app.target} failed (exit {code}){reason}")
+    points = app_runs.history(uri, run_id, metric.name)
+    if code != 0:  # a signal (negative) or the conventional 75: rerun to resume
+        status = "interrupted"
+    elif not points:
+        logged = ", ".join(app_runs.logged_metrics(uri, run_id)) or "nothing"
+        app_runs.finish_seed_run(uri, run_id, {"hyprun.outcome": "no-metric"}, "FAILED")
+        raise AppFailed(
+            f"the app {app.target} logged no {metric.name!r} to its MLflow run {run_id} "
+            f"(it logged: {logged}): log it there, or name the metric it logs in "
+            f"{app.declared_in} (metric.name)"
+        )
+    else:
+        status = "completed" if math.isfinite(points[-1][1]) else "diverged"
+    last = points[-1][0] if points else 0
+    steps, tokens = (last, 0) if metric.step == "steps" else (0, last)
+    tags = {"hyprun.outcome": status, "hyprun.steps": steps, "hyprun.tokens": tokens}
+    ended = {"completed": "FINISHED", "diverged": "FAILED"}.get(status, "KILLED")
+    app_runs.finish_seed_run(uri, run_id, tags, ended)
+    value = points[-1][1] if points else None
+    return JobResult(run_id, status, steps, tokens, None, value)
+
+
+def _importable(cwd: Path) -> None:
+    if str(cwd) not in sys.path:
+        sys.path.insert(0, str(cwd))
+
+
+def _in_process(target: str, argv: list[str], env: dict[str, str], cwd: Path) -> tuple[int, str]:
+    """Call the app's decorated main as its command line would, in this process."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    _importable(cwd)
+    module, _, function = target.partition(":")
+    main = getattr(importlib.import_module(module), function)
+    code, reason = 0, ""
+    # HYDRA_FULL_ERROR: Hydra re-raises the app's exception instead of printing it and exiting.
+    with _environment({**env, "HYDRA_FULL_ERROR": "1"}), _argv([module, *argv]):
+        try:
+            main()
+        except SystemExit as exit_:
+            code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+        except Exception as error:
+            code, reason = 1, f": {type(error).__name__}: {' '.join(str(error).split())[:300]}"
+        finally:
+            app_runs.end_active_runs()
+            GlobalHydra.instance().clear()
+    return code, reason
+
+
+def _subprocess(target: str, argv: list[str], env: dict[str, str], cwd: Path) -> tuple[int, str]:
+    """Run the app's decorated main in its own Python process."""
+    module, _, function = target.partition(":")
+    code = (
+        "import sys; from importlib import import_module; "
+        f"sys.argv = [{module!r}, *sys.argv[1:]]; "
+        f"import_module({module!r}).{function}()"
+    )
+    path = os.pathsep.join(p for p in (str(cwd), os.environ.get("PYTHONPATH", "")) if p)
+    done = subprocess.run(
+        [sys.executable, "-c", code, *argv],
+        cwd=cwd,
+        env={**os.environ, **env, "PYTHONPATH": path},
+        stderr=subprocess.PIPE,
+        text=True,
+        check=False,
+    )
+    sys.stderr.write(done.stderr)
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    return done.returncode, f": {lines[-1][:300]}" if lines else ""
+
+
+@contextmanager
+def _environment(values: dict[str, str]):
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+@contextmanager
+def _argv(argv: list[str]):
+    saved = sys.argv
+    sys.argv = argv
+    try:
+        yield
+    finally:
+        sys.argv = saved
+
+
+class AppJob:
+    """What a Slurm task runs for an app: one seed, the app in its own process (so Slurm's
+    signals reach it as they would on any cluster). Checkpointable like our TrainJob: a
+    time-limit warning requeues the job, and the rerun logs into the same MLflow run."""
+
+    def __init__(self, config: dict[str, Any]):
+        self.config = config
+
+    def __call__(self) -> JobResult:
+        return run_app(OmegaConf.create(self.config), process="subprocess")
+
+    def checkpoint(self, *args: Any, **kwargs: Any):
+        import submitit
+
+        return submitit.helpers.DelayedSubmission(self, *args, **kwargs)

@@ -1,0 +1,85 @@
+"""The MLflow side of a user's app as a job: the run hyprun hands it, and what hyprun reads back.
+
+hyprun makes the seed's run before the app starts (a child of the baseline or test run, tagged
+with its seed), so the app only has to log into the run named by MLFLOW_RUN_ID. A rerun of the
+same seed (a Slurm requeue, a controller restarted after a crash) finds that run again instead of
+making a second one.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from mlflow.entities import Param, RunTag
+from mlflow.tracking import MlflowClient
+
+from runner.store.tracking import BATCH_LIMITS, experiment_id, redact
+
+
+def open_seed_run(
+    uri: str,
+    experiment: str,
+    parent_run_id: str,
+    seed: int,
+    run_name: str,
+    tags: dict[str, str],
+    params: dict[str, str],
+    config_yaml: str,
+) -> tuple[str, str, bool]:
+    """(run id, experiment id, resumed): the run of `seed` below `parent_run_id`, made once."""
+    client = MlflowClient(tracking_uri=uri)
+    experiment_id_ = experiment_id(client, experiment)
+    found = client.search_runs(
+        [experiment_id_],
+        filter_string=f"tags.mlflow.parentRunId = '{parent_run_id}' "
+        f"and tags.`hyprun.seed` = '{seed}'",
+    )
+    if found:
+        run_id = found[0].info.run_id
+        client.update_run(run_id, status="RUNNING")
+        client.log_batch(run_id, tags=[RunTag("hyprun.outcome", "running")])
+        return run_id, experiment_id_, True
+    tags = {**{k: redact(str(v)) for k, v in tags.items()}, "mlflow.parentRunId": parent_run_id}
+    run = client.create_run(experiment_id_, run_name=run_name, tags=tags)
+    run_id = run.info.run_id
+    items = [Param(k, redact(v)[:6000]) for k, v in params.items()]
+    size = BATCH_LIMITS["params"]
+    for i in range(0, len(items), size):
+        client.log_batch(run_id, params=items[i : i + size])
+    client.log_text(run_id, redact(config_yaml), "config.yaml")
+    return run_id, experiment_id_, False
+
+
+def history(uri: str, run_id: str, key: str) -> list[tuple[int, float]]:
+    """(step, value) of a metric, one value per step: the last one logged, since an app that
+    restarts from an earlier checkpoint logs some steps again."""
+    return last_per_step(MlflowClient(tracking_uri=uri).get_metric_history(run_id, key))
+
+
+def last_per_step(metrics) -> list[tuple[int, float]]:
+    latest: dict[int, Any] = {}
+    for m in sorted(metrics, key=lambda m: (m.timestamp, m.step)):
+        latest[m.step] = m.value
+    return sorted(latest.items())
+
+
+def logged_metrics(uri: str, run_id: str) -> list[str]:
+    """The metric keys a run holds, to name them when the declared one is missing."""
+    return sorted(MlflowClient(tracking_uri=uri).get_run(run_id).data.metrics)
+
+
+def finish_seed_run(uri: str, run_id: str, tags: dict[str, Any], status: str) -> None:
+    """Record how the app ended (`hyprun.outcome`, steps, tokens) and close the run."""
+    client = MlflowClient(tracking_uri=uri)
+    client.log_batch(run_id, tags=[RunTag(k, redact(str(v))) for k, v in tags.items()])
+    client.set_terminated(run_id, status=status, end_time=int(time.time() * 1000))
+
+
+def end_active_runs() -> None:
+    """End the fluent runs an app left open in this process, so the next seed can start its
+    own (MLflow refuses to start a run while another is active)."""
+    import mlflow
+
+    while mlflow.active_run() is not None:
+        mlflow.end_run()
