@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 
 from hydra import compose as hydra_compose
 from hydra import initialize_config_dir, initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
+from hydra.core.hydra_config import HydraConfig
 from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
@@ -14,6 +16,9 @@ from omegaconf.errors import OmegaConfBaseException
 from runner.errors import BadInput
 
 CONFIG_MODULE = "conf"
+APP_OUTPUT_DIR = "(the run's output folder)"
+"""What an app's `${hydra:runtime.output_dir}` reads while hyprun compares configs: the same for
+every run, so folders never count as a change."""
 CONFIG_NAME = "train"
 
 
@@ -23,18 +28,17 @@ def compose(
     return_hydra_config: bool = False,
     config_dir: str | None = None,
     version_base: str | None = "1.3",
+    output_dir: str = APP_OUTPUT_DIR,
 ) -> DictConfig:
     """The resolved job config for `overrides`, or BadInput naming the bad override and the fix.
     `return_hydra_config` keeps Hydra's own node (`hydra.launcher` among it), unresolved.
     `config_dir`: a user's app's config folder instead of ours (`version_base` as its
-    `@hydra.main` says)."""
+    `@hydra.main` says; `output_dir` what its `${hydra:runtime.output_dir}` reads)."""
     overrides = list(overrides)
     kwargs = {"overrides": overrides, "return_hydra_config": return_hydra_config}
     try:
         if config_dir is not None:
-            GlobalHydra.instance().clear()  # an app run in this process leaves its own behind
-            with initialize_config_dir(config_dir=config_dir, version_base=version_base):
-                cfg = hydra_compose(config_name, **kwargs)
+            cfg = _compose_app(config_dir, config_name, overrides, version_base, output_dir)
         elif GlobalHydra.instance().is_initialized():  # inside a Hydra app: reuse its search path
             cfg = hydra_compose(config_name, **kwargs)
         else:
@@ -58,6 +62,29 @@ def compose(
     except OmegaConfBaseException as e:
         raise BadInput(_omegaconf(e)) from None
     return cfg
+
+
+def _compose_app(
+    config_dir: str,
+    config_name: str,
+    overrides: list[str],
+    version_base: str | None,
+    output_dir: str,
+) -> DictConfig:
+    """A user's app's config, with what Hydra fills in only when it runs the app (the output
+    folder, the working folder) set as a run sets it, so `${hydra:...}` interpolations resolve."""
+    GlobalHydra.instance().clear()  # an app run in this process leaves its own behind
+    with initialize_config_dir(config_dir=config_dir, version_base=version_base):
+        cfg = hydra_compose(config_name, overrides=overrides, return_hydra_config=True)
+    with open_dict(cfg):
+        cfg.hydra.runtime.output_dir = output_dir
+        cfg.hydra.runtime.cwd = os.getcwd()
+        cfg.hydra.job.num = 0
+    HydraConfig.instance().set_config(cfg)
+    job = cfg.copy()
+    with open_dict(job):
+        del job["hydra"]
+    return job
 
 
 def one_line(error: BaseException) -> str:

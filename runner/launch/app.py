@@ -40,7 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from diag.metric import MetricSpec
 from runner import provenance
-from runner.compose import compose
+from runner.compose import APP_OUTPUT_DIR, compose
 from runner.errors import BadInput
 from runner.job.result import JobResult
 from runner.store import app_runs
@@ -275,12 +275,15 @@ class HydraApp:
         return cls(**{**record, "declaration": Declaration.model_validate(record["declaration"])})
 
     # -- its config -------------------------------------------------------------------------
-    def compose(self, overrides: list[str] | tuple[str, ...]) -> DictConfig:
+    def compose(
+        self, overrides: list[str] | tuple[str, ...], output_dir: str = APP_OUTPUT_DIR
+    ) -> DictConfig:
         return compose(
             list(overrides),
             self.config_name,
             config_dir=self.config_dir,
             version_base=self.version_base,
+            output_dir=output_dir,
         )
 
     def controlled_keys(self) -> dict[str, list[str]]:
@@ -400,7 +403,9 @@ def run_app(config: DictConfig, process: str | None = None) -> JobResult:
     job, tracking = config.app, config.tracking
     app = HydraApp.from_record(OmegaConf.to_container(job.record))
     overrides = list(job.overrides)
-    cfg = app.compose(overrides)
+    seed = int(tracking.tags["hyprun.seed"])
+    run_dir = Path(job.cwd) / ".hyprun" / "apps" / f"{tracking.parent_run_id}-seed{seed}"
+    cfg = app.compose(overrides, output_dir=str(run_dir))
     resolved = OmegaConf.to_container(cfg, resolve=True)
     tags = {
         **{k: str(v) for k, v in tracking.tags.items()},
@@ -409,7 +414,6 @@ def run_app(config: DictConfig, process: str | None = None) -> JobResult:
         "hyprun.outcome": "running",
         **provenance.slurm_tags(),
     }
-    seed = int(tracking.tags["hyprun.seed"])
     run_id, experiment_id, _ = app_runs.open_seed_run(
         tracking.uri,
         tracking.experiment,
@@ -420,7 +424,6 @@ def run_app(config: DictConfig, process: str | None = None) -> JobResult:
         {f"config.{k}": v for k, v in flatten(resolved).items()},
         OmegaConf.to_yaml(cfg, resolve=True),
     )
-    run_dir = Path(job.cwd) / ".hyprun" / "apps" / run_id
     env = {
         "MLFLOW_TRACKING_URI": tracking.uri,
         "MLFLOW_RUN_ID": run_id,
