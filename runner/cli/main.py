@@ -120,6 +120,8 @@ def cmd_baseline(args: argparse.Namespace) -> int:
 
     name = args.investigation or time.strftime("inv-%Y%m%d-%H%M%S")
     app = HydraApp.load(args.app)  # a user's app (--app, or hyprun.yaml here), else ours
+    if app is not None:
+        app.check(split(args.overrides)[0])  # refused before the store is touched
     store = _store([] if app else split(args.overrides)[0], args.experiment)
     state = record_baseline(store, name, args.overrides, args.seeds, args.why, app)
     console.print(
