@@ -11,3 +11,9 @@ class JobsFailed(Exception):
     """Jobs the cluster cancelled or failed, or that crashed: infrastructure, not evidence."""
 
     exit_code = 1
+
+
+class TrackingOffline(Exception):
+    """The server stayed away past the grace period; the evidence is on disk."""
+
+    exit_code = 1

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import python_env
+
 ROOT = Path(__file__).resolve().parent.parent
 
 # A room may import the rooms listed for it, and nothing else of hyprun's.
@@ -124,3 +126,61 @@ def test_commands_that_read_the_store_do_not_import_torch():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+# The stacks that take seconds to import (issue 17: `hyprun status` took 11-16 s).
+HEAVY = {"torch", "deepspeed", "mlflow", "sqlalchemy", "optuna", "matplotlib", "pandas"}
+# What a user waits on without training anything: each answers without importing HEAVY.
+WAITED_ON = {
+    "help": ["--help"],
+    "check help": ["check", "--help"],
+    "status": ["status"],
+    "status json": ["status", "--json"],
+    "status of nothing": ["status", "--investigation", "nope"],
+    "train unknown key": ["train", "optim.lrr=1e-3"],
+    "train negative budget": ["train", "budget.tokens=-5"],
+    "check unknown key": ["check", "optim.lrr=1e-3"],
+    "baseline unknown key": ["baseline", "optim.lrr=1e-3"],
+    "test two variables": ["test", "optim.lr=3e-3", "model.n_layer=4", "--why", "x because y"],
+    "test unknown card": ["test", "no_such_card", "--why", "x because y"],
+}
+REPORT_MODULES = (
+    "import json, sys\n"
+    "from runner.cli.main import main\n"
+    "try:\n"
+    "    main(sys.argv[1:])\n"
+    "except SystemExit as done:\n"
+    "    heavy = sorted({m.split('.')[0] for m in sys.modules} & set(json.loads(HEAVY)))\n"
+    "    print('RESULT', json.dumps({'exit': done.code, 'heavy': heavy}), file=sys.stderr)\n"
+)
+
+
+@pytest.fixture(scope="module")
+def sqlite_investigation(tmp_path_factory) -> str:
+    """A store with a recorded investigation and one test, written the way the controller does."""
+    from bench.commands import seed_investigation
+
+    uri = f"sqlite:///{tmp_path_factory.mktemp('store')}/mlflow.db"
+    seed_investigation(uri)
+    return uri
+
+
+@pytest.mark.parametrize("args", WAITED_ON.values(), ids=WAITED_ON.keys())
+def test_commands_that_do_not_train_import_no_heavy_stack(sqlite_investigation, args, tmp_path):
+    """`status`, `--help` and every refusal answer in a blink: no torch, DeepSpeed or MLflow."""
+    import json
+
+    code = REPORT_MODULES.replace("HEAVY", repr(json.dumps(sorted(HEAVY))))
+    env = {**python_env(), "MLFLOW_TRACKING_URI": sqlite_investigation}
+    done = subprocess.run(
+        [sys.executable, "-c", code, *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=120,
+    )
+    result = json.loads(done.stderr.rsplit("RESULT", 1)[-1])
+    assert result["exit"] in (0, 2, None), done.stderr
+    assert result["heavy"] == [], f"hyprun {' '.join(args)} imported {result['heavy']}"
+    assert list(tmp_path.iterdir()) == [], "a command that trains nothing wrote a file"

@@ -13,8 +13,7 @@ import time
 
 from rich.console import Console
 
-from runner.errors import BadInput, JobsFailed
-from runner.store.tracking import TrackingOffline
+from runner.errors import BadInput, JobsFailed, TrackingOffline
 
 console = Console(stderr=True, highlight=False, soft_wrap=True)
 
@@ -22,9 +21,13 @@ console = Console(stderr=True, highlight=False, soft_wrap=True)
 def cmd_train(args: argparse.Namespace) -> int:
     """One controlled job in this process, configured by Hydra overrides."""
     from runner.compose import compose
-    from runner.job.train import EXIT_INTERRUPTED, run
+    from runner.job.validate import validate
 
     cfg = compose(args.overrides)
+    validate(cfg)  # bad input is refused before torch's import, which takes seconds
+
+    from runner.job.train import EXIT_INTERRUPTED, run
+
     if cfg.tracking.run_name is None:
         cfg.tracking.run_name = " ".join(args.overrides) or "job"
     result = run(cfg)
@@ -43,11 +46,13 @@ def cmd_check(args: argparse.Namespace) -> int:
     """L0 static checks of a config and a sample of its data, before anything runs."""
     from omegaconf import OmegaConf
 
-    from diag.static import device_info
     from runner.compose import compose
-    from runner.control.diagnose import render_checks, static_checks, this_device
 
     config = OmegaConf.to_container(compose(args.overrides), resolve=True)
+
+    from diag.static import device_info
+    from runner.control.diagnose import render_checks, static_checks, this_device
+
     device = this_device(args.world)
     if args.device:
         device = device_info(args.device, args.world, args.link_gbps, args.memory_gb)

@@ -10,7 +10,6 @@ from dataclasses import asdict
 from typing import Any
 
 import numpy as np
-import torch
 from hydra.utils import instantiate
 from rich.console import Console
 from rich.table import Table
@@ -50,6 +49,8 @@ def data_sample(config: dict[str, Any], rows: int = SAMPLE_ROWS) -> DataSample:
 
 def this_device(world: int) -> DeviceInfo:
     """This machine's accelerator (or its RAM for a CPU job), looked up in the device table."""
+    import torch  # here, not at the top: `hyprun check --help` and its refusals need no torch
+
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
         return device_info(props.name, world, memory_gb=props.total_memory / 1e9)

@@ -14,8 +14,6 @@ import signal
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import torch
 from omegaconf import DictConfig, OmegaConf
 
 from runner.errors import BadInput
@@ -117,7 +115,14 @@ class StopSignals:
         self.received = signum
 
 
+# numpy and torch are imported where the RNG state is read: config_hash() serves the controller,
+# which must not wait on torch's import (runner/job/__init__.py).
+
+
 def _rng() -> dict[str, Any]:
+    import numpy as np
+    import torch
+
     state = {
         "torch": torch.get_rng_state(),
         "python": random.getstate(),
@@ -129,6 +134,9 @@ def _rng() -> dict[str, Any]:
 
 
 def _set_rng(state: dict[str, Any]) -> None:
+    import numpy as np
+    import torch
+
     torch.set_rng_state(state["torch"])
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])

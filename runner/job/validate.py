@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 
-import torch
 from omegaconf import DictConfig
 
 from runner.errors import BadInput
@@ -28,7 +27,7 @@ def validate(cfg: DictConfig) -> None:
         raise BadInput(
             f"ds.precision={cfg.ds.precision} is unknown: use one of {', '.join(PRECISIONS)}"
         )
-    if cfg.ds.precision == "fp16" and not torch.cuda.is_available():
+    if cfg.ds.precision == "fp16" and not _cuda_available():
         raise BadInput(
             "ds.precision=fp16 needs a GPU (no CUDA device here): use bf16 or fp32 on a CPU"
         )
@@ -56,6 +55,14 @@ def reachable(uri: str, timeout_s: float = 5.0) -> None:
             f"the tracking server {redact(uri)} does not answer ({error.strerror or error}): "
             "start it, or set MLFLOW_TRACKING_URI / tracking.uri to one that runs"
         ) from None
+
+
+def _cuda_available() -> bool:
+    """Whether torch sees a GPU; torch is imported only for a config that asks for fp16, so the
+    commands that refuse bad input answer before torch's 2-5 s import."""
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def _positive_int(cfg: DictConfig, key: str, what: str) -> None:

@@ -17,12 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mlflow.entities import RunTag
-from mlflow.exceptions import MlflowException
-from mlflow.tracking import MlflowClient
-
 from runner.errors import BadInput
-from runner.store.app_runs import last_per_step
+from runner.store import direct
 from runner.store.tracking import experiment_id, redact
 
 STRIKES = 3
@@ -105,7 +101,19 @@ class Store:
 
     def __init__(self, uri: str, experiment: str, pinned: bool = False):
         self.uri, self.experiment, self.pinned = uri, experiment, pinned
-        self.client = MlflowClient(tracking_uri=uri)
+        self._client = None
+        # Reading an investigation (`hyprun status`, every refusal) needs neither MLflow's
+        # import nor its store set-up, 2-6 s together: see runner/store/direct.py.
+        self.reads = direct.reader(uri, lambda: self.client)
+
+    @property
+    def client(self):
+        """MLflow's client, made on first use: only writes and artifacts need it."""
+        if self._client is None:
+            from mlflow.tracking import MlflowClient
+
+            self._client = MlflowClient(tracking_uri=self.uri)
+        return self._client
 
     def create(self, name: str, description: str) -> str:
         if self._parent(name) is not None:
@@ -142,7 +150,7 @@ class Store:
 
     def _follow(self, parent) -> State:
         """The investigation's state; the store now writes into the investigation's experiment."""
-        self.experiment = self.client.get_experiment(parent.info.experiment_id).name
+        self.experiment = self.reads.experiment_name(parent.info.experiment_id)
         return self.state(parent)
 
     def _elsewhere(self) -> str:
@@ -155,7 +163,7 @@ class Store:
         if not found:
             return f" in {searched} ({self.uri}): start one with 'hyprun baseline'"
         names = ", ".join(
-            f"{self.client.get_experiment(e).name!r} ({len(runs)})" for e, runs in found.items()
+            f"{self.reads.experiment_name(e)!r} ({len(runs)})" for e, runs in found.items()
         )
         return f" in {searched}; investigations are in experiment {names}: pass --experiment NAME"
 
@@ -179,10 +187,12 @@ class Store:
         return State(tags[INVESTIGATION], parent.info.run_id, baseline, tests, resets)
 
     def refresh(self, state: State) -> State:
-        return self.state(self.client.get_run(state.run_id))
+        return self.state(self.reads.get_run(state.run_id))
 
     def once(self, run_id: str, key: str, value: str) -> bool:
         """Write param `key` unless another process wrote it first: True when this call won."""
+        from mlflow.exceptions import MlflowException
+
         try:
             self.client.log_param(run_id, key, value)
             return True
@@ -209,6 +219,8 @@ class Store:
         return run.info.run_id
 
     def tag(self, run_id: str, tags: dict[str, Any]) -> None:
+        from mlflow.entities import RunTag
+
         self.client.log_batch(run_id, tags=[RunTag(k, redact(str(v))) for k, v in tags.items()])
 
     def note(self, run_id: str, text: str) -> None:
@@ -241,6 +253,8 @@ class Store:
     def history(self, run_id: str, key: str) -> list[tuple[int, float]]:
         """One value per step (the last logged: a job resumed from an earlier checkpoint may log
         a step again)."""
+        from runner.store.app_runs import last_per_step  # imports MLflow: only where needed
+
         return last_per_step(self.client.get_metric_history(run_id, key))
 
     def run(self, run_id: str):
@@ -253,6 +267,8 @@ class Store:
 
     def json_artifact(self, run_id: str, path: str) -> dict[str, Any] | None:
         """A JSON artifact of a run, or None when it was never logged (older runs)."""
+        from mlflow.exceptions import MlflowException
+
         with tempfile.TemporaryDirectory() as folder:
             try:
                 local = self.client.download_artifacts(run_id, path, folder)
@@ -283,30 +299,21 @@ class Store:
     def _experiment_ids(self, others: bool) -> list[str]:
         """This experiment's id (when it exists), or the ids of every other experiment."""
         if not others:
-            mine = self.client.get_experiment_by_name(self.experiment)
-            return [mine.experiment_id] if mine else []
-        return [
-            e.experiment_id for e in self.client.search_experiments() if e.name != self.experiment
-        ]
+            mine = self.reads.experiment_id(self.experiment)
+            return [mine] if mine else []
+        return self.reads.other_experiment_ids(self.experiment)
 
     def _search(self, experiment_ids: list[str]) -> list:
         if not experiment_ids:
             return []
-        return self.client.search_runs(
-            experiment_ids,
-            filter_string=f"tags.`{ROLE}` = 'investigation'",
-            order_by=["attributes.start_time DESC"],
-            max_results=5000,
-        )
+        return self.reads.search(experiment_ids, {ROLE: "investigation"}, 5000)
 
     def _parent(self, name: str):
         return next((r for r in self._parents() if r.data.tags.get(INVESTIGATION) == name), None)
 
     def _children(self, parent_id: str) -> list:
-        experiment = self.client.get_run(parent_id).info.experiment_id
-        return self.client.search_runs(
-            [experiment], filter_string=f"tags.mlflow.parentRunId = '{parent_id}'", max_results=5000
-        )
+        experiment = self.reads.get_run(parent_id).info.experiment_id
+        return self.reads.search([experiment], {"mlflow.parentRunId": parent_id}, 5000)
 
 
 def _test(run, numbers: dict[str, int]) -> Test:

@@ -11,12 +11,10 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from mlflow.entities import Metric, Param, RunTag
-from mlflow.tracking import MlflowClient
-
-KINDS = {"metrics": Metric, "params": Param, "tags": RunTag}
+if TYPE_CHECKING:  # imported where used: MLflow's import takes seconds (runner/store/direct.py)
+    from mlflow.tracking import MlflowClient
 
 
 class Spool:
@@ -51,12 +49,15 @@ class Spool:
             if batch["kind"] == "status":
                 client.set_terminated(batch["run_id"], status=batch["items"])
             else:
-                send(batch["kind"], [KINDS[batch["kind"]](*fields) for fields in batch["items"]])
+                entity = _entity(batch["kind"])
+                send(batch["kind"], [entity(*fields) for fields in batch["items"]])
         self.path.unlink()
         return len(lines)
 
 
 def _fields(item: Any) -> list[Any]:
+    from mlflow.entities import Metric
+
     if isinstance(item, Metric):
         return [item.key, item.value, item.timestamp, item.step]
     return [item.key, item.value]
@@ -69,6 +70,8 @@ def upload(path: Path, uri: str) -> int:
     if not Path(path).exists():
         raise BadInput(f"no spool file {path}: it was delivered already, or the path is wrong")
     first = json.loads(Path(path).read_text().splitlines()[0])
+    from mlflow.tracking import MlflowClient
+
     client = MlflowClient(tracking_uri=uri)
     run_id = first["run_id"]
 
@@ -76,3 +79,10 @@ def upload(path: Path, uri: str) -> int:
         client.log_batch(run_id, **{kind: items})
 
     return Spool(path, run_id).deliver(client, send)
+
+
+def _entity(kind: str):
+    """The MLflow entity a spooled batch of `kind` is made of."""
+    from mlflow.entities import Metric, Param, RunTag
+
+    return {"metrics": Metric, "params": Param, "tags": RunTag}[kind]

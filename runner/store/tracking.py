@@ -19,13 +19,18 @@ import re
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from mlflow.entities import Metric, Param, RunTag
-from mlflow.exceptions import MlflowException
-from mlflow.tracking import MlflowClient
-
+from runner.errors import TrackingOffline
 from runner.store.spool import Spool
+
+if TYPE_CHECKING:
+    from mlflow.entities import Metric
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+# MLflow is imported where it is used: its import takes seconds, and `hyprun status`, `--help`
+# and every refusal import this module (for `redact`) without writing anything.
 
 MAX_PARAM_CHARS = 6000
 RETRY_S = 3.0  # how often an unanswered server is tried again
@@ -112,6 +117,8 @@ class Tracker:
         # default: 7 retries with backoff): fail fast, park the batch on disk, retry later.
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "15")
+        from mlflow.tracking import MlflowClient
+
         client = MlflowClient(tracking_uri=uri)
         extra = {"spool": spool, "outage_grace_s": outage_grace_s}
         if run_id is not None:
@@ -127,14 +134,20 @@ class Tracker:
     def log_params(self, params: dict[str, str]) -> None:
         if self.resumed:  # already logged by the first attempt; MLflow params are write-once
             return
+        from mlflow.entities import Param
+
         self._outbox.put(("params", [Param(k, v) for k, v in params.items()]))
 
     def set_tags(self, tags: dict[str, Any]) -> None:
+        from mlflow.entities import RunTag
+
         self._outbox.put(("tags", [RunTag(k, redact(str(v))) for k, v in tags.items()]))
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         if step <= self._watermark:
             return
+        from mlflow.entities import Metric
+
         now = int(time.time() * 1000)
         self._buffer.extend(Metric(k, float(v), now, step) for k, v in metrics.items())
         if time.monotonic() - self._last_flush >= self.flush_every_s:
@@ -216,6 +229,8 @@ class Tracker:
                 return
 
     def _deliver(self, kind: str, items: Any) -> None:
+        from mlflow.exceptions import MlflowException
+
         if self.offline_since is not None and self.spool is not None:
             self.spool.park(kind, items)
             return
@@ -230,6 +245,8 @@ class Tracker:
     def _retry(self) -> None:
         if self.offline_since is None or self.spool is None:
             return
+        from mlflow.exceptions import MlflowException
+
         try:
             self.spool.deliver(self.client, self._send_kind)
         except MlflowException as error:
@@ -272,12 +289,6 @@ def open_app_run(
     return Tracker.open(uri, experiment, run_name=run_name, flush_every_s=flush_every_s), True
 
 
-class TrackingOffline(Exception):
-    """The server stayed away past the grace period; the evidence is on disk."""
-
-    exit_code = 1
-
-
 def _unreachable(error: MlflowException) -> bool:
     """A server that did not answer (connection refused, timeout, 5xx), not a refused request."""
     text = str(error)
@@ -309,6 +320,7 @@ def read_run(
 ) -> tuple[dict[str, Any], dict[str, list[tuple[int, float]]], dict[str, str]]:
     """(resolved config, metric histories by key, tags) of a recorded run."""
     import yaml
+    from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=uri)
     run = client.get_run(run_id)
@@ -324,6 +336,8 @@ def read_run(
 
 def latest_run(uri: str, experiment: str) -> str | None:
     """The newest job run of `experiment` that has ended, or None."""
+    from mlflow.tracking import MlflowClient
+
     client = MlflowClient(tracking_uri=uri)
     found = client.get_experiment_by_name(experiment)
     if found is None:
@@ -341,6 +355,9 @@ def latest_run(uri: str, experiment: str) -> str | None:
 def record_diagnosis(uri: str, run_id: str, document: dict[str, Any]) -> None:
     """The diagnosis as a JSON artifact on the run, and its headline as tags to filter on."""
     import json
+
+    from mlflow.entities import RunTag
+    from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=uri)
     client.log_text(run_id, redact(json.dumps(document, indent=2, default=str)), "diagnosis.json")
@@ -362,6 +379,8 @@ class RunReader:
     """Reads job runs back while they train: what a launcher needs, without importing MLflow."""
 
     def __init__(self, uri: str):
+        from mlflow.tracking import MlflowClient
+
         self.client = MlflowClient(tracking_uri=uri)
 
     def run(self, run_id: str):
