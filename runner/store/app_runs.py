@@ -11,9 +11,6 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from mlflow.entities import Param, RunTag
-from mlflow.tracking import MlflowClient
-
 from runner.store.tracking import BATCH_LIMITS, experiment_id, redact
 
 
@@ -28,6 +25,11 @@ def open_seed_run(
     config_yaml: str,
 ) -> tuple[str, str, bool]:
     """(run id, experiment id, resumed): the run of `seed` below `parent_run_id`, made once."""
+    # MLflow is imported where used, here and below: `hyprun status` and the refusals import
+    # this module through the launchers and must not wait seconds on MLflow's import.
+    from mlflow.entities import Param, RunTag
+    from mlflow.tracking import MlflowClient
+
     client = MlflowClient(tracking_uri=uri)
     experiment_id_ = experiment_id(client, experiment)
     found = client.search_runs(
@@ -54,6 +56,8 @@ def open_seed_run(
 def history(uri: str, run_id: str, key: str) -> list[tuple[int, float]]:
     """(step, value) of a metric, one value per step: the last one logged, since an app that
     restarts from an earlier checkpoint logs some steps again."""
+    from mlflow.tracking import MlflowClient
+
     return last_per_step(MlflowClient(tracking_uri=uri).get_metric_history(run_id, key))
 
 
@@ -66,11 +70,16 @@ def last_per_step(metrics) -> list[tuple[int, float]]:
 
 def logged_metrics(uri: str, run_id: str) -> list[str]:
     """The metric keys a run holds, to name them when the declared one is missing."""
+    from mlflow.tracking import MlflowClient
+
     return sorted(MlflowClient(tracking_uri=uri).get_run(run_id).data.metrics)
 
 
 def finish_seed_run(uri: str, run_id: str, tags: dict[str, Any], status: str) -> None:
     """Record how the app ended (`hyprun.outcome`, steps, tokens) and close the run."""
+    from mlflow.entities import RunTag
+    from mlflow.tracking import MlflowClient
+
     client = MlflowClient(tracking_uri=uri)
     client.log_batch(run_id, tags=[RunTag(k, redact(str(v))) for k, v in tags.items()])
     client.set_terminated(run_id, status=status, end_time=int(time.time() * 1000))

@@ -19,6 +19,7 @@ from typing import Any
 
 from runner.errors import BadInput
 from runner.store import direct
+from runner.store.app_runs import last_per_step
 from runner.store.tracking import experiment_id, redact
 
 STRIKES = 3
@@ -253,8 +254,6 @@ class Store:
     def history(self, run_id: str, key: str) -> list[tuple[int, float]]:
         """One value per step (the last logged: a job resumed from an earlier checkpoint may log
         a step again)."""
-        from runner.store.app_runs import last_per_step  # imports MLflow: only where needed
-
         return last_per_step(self.client.get_metric_history(run_id, key))
 
     def run(self, run_id: str):
