@@ -462,6 +462,51 @@ def _static(ev: Evidence, out: Features) -> None:
         )
 
 
+NEEDS = {
+    "train/loss": (
+        "loss_trend loss_plateau loss_descending loss_plateau_long loss_oscillation "
+        "loss_rel_drop loss_last loss_rebound loss_spikes"
+    ),
+    "train/loss or the hyprun.outcome tag": "nonfinite_count diverged",
+    "grad/norm": (
+        "grad_norm_median grad_norm_max_over_median grad_norm_first_over_median grad_spikes"
+    ),
+    "grad/norm/blocks.<i> (two or more blocks)": "grad_layer_ratio",
+    "param/update_ratio": "update_ratio_median",
+    "param/dist_from_init": "dist_from_init_last",
+    "param/embedding_rms": "embedding_rms_last embedding_rms_growth",
+    "attn/entropy/blocks.<i> (the built-in GPT's attention capture)": "attn_entropy_min",
+    "moe/imbalance/blocks.<i> (an MoE model)": "moe_imbalance_max",
+    "moe/aux_loss (an MoE model)": "moe_aux_loss",
+    "act/write_ratio/blocks.<i> (residual blocks found in the model)": (
+        "write_ratio_max write_ratio_first_max"
+    ),
+    "eval/loss and train/loss": "train_eval_gap eval_gap_matched",
+    "perf/data_wait_frac": "data_wait_frac",
+    "perf/data_wait_frac and perf/step_time_s": "data_wait_s data_wait_share compute_s_best",
+    "perf/mfu (FLOPs per token and a device peak)": "mfu",
+    "perf/comm_frac (ds.wall_clock_breakdown)": "comm_frac",
+    "perf/tokens_per_s": "tokens_per_s",
+    "perf/step_time_s": "step_time_s",
+    "perf/peak_mem_gb": "peak_mem_gb",
+    "train/lr or config optim.lr": "lr",
+    "train/loss and config model.vocab_size (or data.vocab_size)": "initial_loss_ratio",
+    "config model.placement": "post_norm",
+}
+"""The evidence each feature is measured from, in words: what a run lacks when a table row
+that reads the feature could not be judged."""
+_NEEDED_BY = {feature: evidence for evidence, names in NEEDS.items() for feature in names.split()}
+
+
+def evidence_for(feature: str) -> str:
+    """What a run must record for `feature` to be measured."""
+    if feature.startswith("static."):
+        return f"L0 check {feature[7:]} (the job's config and a data sample)"
+    if feature == "static_fail_count":
+        return "L0 checks (the job's config and a data sample)"
+    return _NEEDED_BY.get(feature, f"feature {feature}")
+
+
 def features(evidence: Evidence) -> Features:
     """Every feature the evidence supports, by name."""
     out: Features = {}

@@ -25,7 +25,7 @@ from pydantic import Field as PydanticField
 from pydantic import model_validator
 
 from diag.evidence import Evidence, plain
-from diag.features import Feature, Features, features
+from diag.features import Feature, Features, evidence_for, features
 from diag.schema import QUESTIONS, Group, Question, Strict, read_yaml, validated
 
 TABLES_DIR = Path(__file__).parent / "tables"
@@ -194,6 +194,9 @@ class Diagnosis:
     """Fired patterns, most important first."""
     features: Features = field(default_factory=dict)
     """Every measured feature, for the report."""
+    not_judged: list[dict[str, Any]] = field(default_factory=list)
+    """Rows that could neither fire nor be ruled out for lack of evidence: {id, question,
+    missing (features), needs (the evidence that would measure them)}."""
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready dict."""
@@ -202,6 +205,8 @@ class Diagnosis:
             "obvious": _json_num(self.obvious),
             "findings": [f.to_dict() for f in self.findings],
             "features": {k: _json_num(f.to_dict()) for k, f in self.features.items()},
+            "not_judged": _json_num(self.not_judged),
+            "missing_evidence": missing_evidence(self.not_judged),
         }
 
 
@@ -439,6 +444,46 @@ def check_obvious(checks: list[ObviousCheck], feats: Features) -> list[dict[str,
     return out
 
 
+def not_judged(rows: list[Pattern], feats: Features) -> list[dict[str, Any]]:
+    """Rows that no measured number ruled out but that a missing (or non-finite) feature kept
+    from firing: skipped, not guessed, and named with the evidence they would need."""
+    out = []
+    for row in rows:
+        unknown = [c.feature for c in row.when if holds(c, feats) is None and _unmeasured(c, feats)]
+        ruled_out = any(holds(c, feats) is not True for c in row.when if c.feature not in unknown)
+        if not unknown or ruled_out:
+            continue
+        missing = sorted(set(unknown))
+        out.append(
+            {
+                "id": row.id,
+                "question": row.question,
+                "missing": missing,
+                "needs": sorted({evidence_for(f) for f in missing}),
+            }
+        )
+    return out
+
+
+def _unmeasured(cond: Condition, feats: Features) -> bool:
+    """The run lacks what `cond` reads: the feature is absent, or its number is not finite. (A
+    feature measured as None, e.g. no NaN module, is an answer: `!= null` is then ruled out.)"""
+    feat = feats.get(cond.feature)
+    if feat is None:
+        return True
+    value = feat.status if cond.field == "status" else feat.value
+    return _is_number(value) and not math.isfinite(float(value))
+
+
+def missing_evidence(skipped: list[dict[str, Any]]) -> dict[str, list[str]]:
+    """{evidence the run lacks: the rows it kept from being judged}."""
+    by_need: dict[str, list[str]] = {}
+    for row in skipped:
+        for need in row["needs"]:
+            by_need.setdefault(need, []).append(row["id"])
+    return dict(sorted(by_need.items()))
+
+
 def _implied_question(evidence: Evidence) -> str:
     """With no finding: the question of the first L0 check that is not clean, else Q1."""
     for check in evidence.static:
@@ -458,4 +503,5 @@ def triage(evidence: Evidence, tables_dir: Path | str = TABLES_DIR) -> Diagnosis
     kept.sort(key=lambda f: (-f.priority, -f.severity, f.id))
     obvious = check_obvious(load_obvious(tables_dir), feats)
     question = kept[0].question if kept else _implied_question(evidence)
-    return Diagnosis(question=question, obvious=obvious, findings=kept, features=feats)
+    skipped = not_judged(rows, feats)
+    return Diagnosis(question, obvious, kept, feats, not_judged=skipped)

@@ -3,6 +3,7 @@ trained a few steps with `HyprunTrainerCallback`, its L1 evidence read back from
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -10,6 +11,8 @@ import torch
 from mlflow.tracking import MlflowClient
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
 
+from runner.cli.main import main as hyprun
+from runner.control.diagnose import diagnose
 from runner.job.callbacks import HyprunTrainerCallback
 from tests.helpers import metric_history
 
@@ -55,6 +58,12 @@ def train(tmp_path, model, callbacks, steps: int = STEPS) -> Trainer:
     trainer = Trainer(model=model, args=args, train_dataset=Tokens(), callbacks=callbacks)
     trainer.train()
     return trainer
+
+
+def exit_code(args: list[str]) -> int:
+    with pytest.raises(SystemExit) as exit_:
+        hyprun(args)
+    return exit_.value.code
 
 
 @pytest.fixture
@@ -113,6 +122,34 @@ def test_trainer_callback_logs_the_jobs_l1_metrics(workdir, mlflow_env):
     assert run.data.tags["hyprun.blocks"] == "transformer.h"
 
 
+def test_diagnose_judges_what_a_probe_recorded_and_names_what_it_did_not(
+    workdir, mlflow_env, capsys
+):
+    uri, run_id = mlflow_env
+    train(workdir, tiny_gpt2(), [HyprunTrainerCallback(every_steps=2)])
+    assert exit_code(["diagnose", "--run", run_id, "--uri", uri]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "no L0 checks: the run has no hyprun job config" in out
+    assert "Not judged: evidence this run lacks" in out and "eval/loss and train/loss" in out
+
+    assert exit_code(["diagnose", "--run", run_id, "--uri", uri, "--json"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    measured = document["features"]
+    for name in ("grad_norm_median", "update_ratio_median", "write_ratio_max", "mfu", "lr"):
+        assert name in measured, name
+    # Nothing fired on a number the run does not have; what could not be judged says why.
+    for finding in document["findings"]:
+        assert set(finding["numbers"]) <= set(measured), finding["id"]
+    skipped = {row["id"]: row for row in document["not_judged"]}
+    assert skipped, "a probe run lacks evidence some rows need"
+    for row in skipped.values():
+        assert row["missing"] and not set(row["missing"]) & {
+            k for k, f in measured.items() if f["value"] is not None
+        }, row
+    assert "eval/loss and train/loss" in document["missing_evidence"]
+    assert not any(need.startswith("grad/norm ") for need in document["missing_evidence"])
+
+
 def test_trainer_callback_names_the_module_of_a_planted_nan(workdir, monkeypatch):
     uri = f"sqlite:///{workdir}/mlflow.db"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
@@ -137,3 +174,7 @@ def test_trainer_callback_names_the_module_of_a_planted_nan(workdir, monkeypatch
     losses = metric_history(uri, probe.run_id, "train/loss")
     assert [s for s, _ in losses] == [1, 2, 3, 4]  # step_unit=steps
     assert math.isnan(losses[-1][1]) and all(math.isfinite(v) for _, v in losses[:-1])
+
+    _, document = diagnose(uri, probe.run_id, "hyprun")
+    top = document["findings"][0]
+    assert top["id"] == "nan_in_module" and "transformer.h.1.mlp.c_fc" in top["evidence"]

@@ -98,13 +98,26 @@ def diagnose(uri: str, run_id: str | None, experiment: str) -> tuple[str, dict[s
     except Exception as error:
         raise BadInput(f"cannot read run {run_id} from {uri}: {error}") from None
     world = int(tags.get("hyprun.world_size", "1"))
-    # The L0 checks read our job's config and data; a user's app has its own (tag hyprun.app).
-    static = [] if "hyprun.app" in tags else static_checks(config, this_device(world))
+    # The L0 checks read our job's config and data; a user's app has its own (tag hyprun.app),
+    # and a run the probe API recorded in someone's loop has none of ours.
+    job = "hyprun.app" not in tags and is_job_config(config)
+    static = static_checks(config, this_device(world)) if job else []
     evidence = Evidence(config, series, tags, static)
     document = {"run_id": run_id, **triage(evidence).to_dict(), "static": evidence.static}
+    if not job:
+        document["static_skipped"] = (
+            "no L0 checks: the run has no hyprun job config (data.source, budget): a user's app, "
+            "or a run recorded by the probe API in your own loop"
+        )
     drop_noop_cards(document["findings"], config)
     record_diagnosis(uri, run_id, document)
     return run_id, document
+
+
+def is_job_config(config: dict[str, Any]) -> bool:
+    """Whether `config` is the built-in job's (the L0 checks read its data source and budget)."""
+    data, budget = config.get("data"), config.get("budget")
+    return isinstance(data, dict) and "source" in data and isinstance(budget, dict)
 
 
 def drop_noop_cards(findings: list[dict[str, Any]], config: dict[str, Any]) -> None:
@@ -125,6 +138,8 @@ def drop_noop_cards(findings: list[dict[str, Any]], config: dict[str, Any]) -> N
 
 
 def render_checks(console: Console, checks: list[dict]) -> None:
+    if not checks:
+        return
     table = Table(title="L0 static checks", title_justify="left")
     for column in ("check", "status", "value", "threshold", "why"):
         table.add_column(column, overflow="fold")
@@ -152,7 +167,29 @@ def render_diagnosis(console: Console, document: dict[str, Any]) -> None:
     findings = document["findings"]
     if not findings:
         console.print("[green]No pattern fired: no finding to test.[/]")
+    else:
+        _render_findings(console, findings)
+    render_missing(console, document)
+
+
+def render_missing(console: Console, document: dict[str, Any]) -> None:
+    """What the run did not record, and which table rows were therefore not judged."""
+    if document.get("static_skipped"):
+        console.print(f"[dim]{document['static_skipped']}[/]")
+    missing = document.get("missing_evidence") or {}
+    if not missing:
         return
+    table = Table(
+        title="Not judged: evidence this run lacks (skipped, not guessed)", title_justify="left"
+    )
+    table.add_column("missing evidence", overflow="fold")
+    table.add_column("patterns it would decide", overflow="fold")
+    for need, rows in missing.items():
+        table.add_row(need, ", ".join(rows))
+    console.print(table)
+
+
+def _render_findings(console: Console, findings: list[dict[str, Any]]) -> None:
     table = Table(title="Findings, most likely first", title_justify="left")
     for column in ("#", "group", "evidence (measured)", "likely cause", "first action", "cards"):
         table.add_column(column, overflow="fold")

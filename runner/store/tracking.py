@@ -318,15 +318,20 @@ def experiment_id(client: MlflowClient, name: str) -> str:
 def read_run(
     uri: str, run_id: str
 ) -> tuple[dict[str, Any], dict[str, list[tuple[int, float]]], dict[str, str]]:
-    """(resolved config, metric histories by key, tags) of a recorded run."""
+    """(resolved config, metric histories by key, tags) of a recorded run; the config is the
+    job's config.yaml, else the run's params (flat, dotted keys)."""
     import yaml
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=uri)
     run = client.get_run(run_id)
-    path = client.download_artifacts(run_id, "config.yaml", _scratch())
-    with open(path) as file:
-        config = yaml.safe_load(file)
+    try:
+        path = client.download_artifacts(run_id, "config.yaml", _scratch())
+        with open(path) as file:
+            config = yaml.safe_load(file)
+    except (MlflowException, OSError):
+        # A run hyprun's job did not write (an app's, with the probe): its params, flat keys.
+        config = dict(run.data.params)
     series = {
         key: sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
         for key in run.data.metrics
