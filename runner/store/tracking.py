@@ -321,6 +321,7 @@ def read_run(
     """(resolved config, metric histories by key, tags) of a recorded run; the config is the
     job's config.yaml, else the run's params (flat, dotted keys)."""
     import yaml
+    from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(tracking_uri=uri)
