@@ -35,6 +35,7 @@ from runner.job.checkpoint import Checkpointer, StopSignals, config_hash
 from runner.job.data.loader import build_loader, heldout_batches
 from runner.job.engine import build_engine
 from runner.job.instrument import Instruments
+from runner.job.model_protocol import model_node
 from runner.job.optim import build_optimizer
 from runner.job.result import JobResult
 from runner.job.validate import reachable, validate
@@ -89,7 +90,7 @@ def run(cfg: DictConfig, on_eval: Callable[[int, float], bool] | None = None) ->
     dist = distributed.init()
     plan = Plan.of(cfg, dist.world)
     torch.manual_seed(cfg.budget.seed)
-    model = _build("model", cfg.model)
+    model = _build("model", model_node(cfg.model))
     optimizer = build_optimizer(model, cfg.optim)
     schedule = _build("sched", cfg.sched)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -384,6 +385,7 @@ def main() -> None:
             cfg = compose(args)
             validate(cfg)
             _build("data.source", cfg.data.source)  # Hydra writes its run folder before run()
+            model_node(cfg.model)
         except BadInput as error:
             console.print(f"hyprun: {error}", markup=False)
             sys.exit(BadInput.exit_code)

@@ -8,6 +8,7 @@ from omegaconf import DictConfig
 
 from runner.errors import BadInput
 from runner.job.engine import PRECISIONS
+from runner.job.model_protocol import model_node
 
 
 def validate(cfg: DictConfig) -> None:
@@ -33,6 +34,7 @@ def validate(cfg: DictConfig) -> None:
         )
     if cfg.checkpoint.resume not in ("auto", "never"):
         raise BadInput(f"checkpoint.resume={cfg.checkpoint.resume} is unknown: use auto or never")
+    model_node(cfg.model)  # a user's model and the keys it is given (imports only a user's)
 
 
 def reachable(uri: str, timeout_s: float = 5.0) -> None:
