@@ -27,7 +27,18 @@ def data_files(tmp_path_factory) -> list[str]:
     tokens = np.random.default_rng(0).integers(0, 50000, 200_000, dtype=np.uint16)
     tokens.tofile(folder / "train.bin")
     (folder / "corpus.txt").write_text("the quick brown fox jumps over the lazy dog. " * 2000)
-    return [f"+paths.bin={folder / 'train.bin'}", f"+paths.txt={folder / 'corpus.txt'}"]
+    np.save(folder / "train.npy", tokens.astype(np.int32))
+    from datasets import Dataset
+
+    Dataset.from_dict({"input_ids": tokens.reshape(-1, 1000).tolist()}).save_to_disk(
+        str(folder / "tokenized")
+    )
+    return [
+        f"+paths.bin={folder / 'train.bin'}",
+        f"+paths.txt={folder / 'corpus.txt'}",
+        f"+paths.npy={folder / 'train.npy'}",
+        f"+paths.hf={folder / 'tokenized'}",
+    ]
 
 
 def overrides_for(group: str, choice: str, data_files: list[str]) -> list[str]:
@@ -36,6 +47,10 @@ def overrides_for(group: str, choice: str, data_files: list[str]) -> list[str]:
         extra = ["data.source.path=${paths.bin}"]
     if (group, choice) == ("data", "text_file"):
         extra = ["data.source.path=${paths.txt}"]
+    if (group, choice) == ("data", "npy_file"):
+        extra = ["data.source.path=${paths.npy}"]
+    if (group, choice) == ("data", "hf_dataset"):
+        extra = ["data.source.path=${paths.hf}"]
     return [*data_files, f"{group}={choice}", *extra]
 
 
