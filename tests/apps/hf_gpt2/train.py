@@ -1,8 +1,9 @@
 """Train a small GPT-2 on synthetic token sequences with Hugging Face's Trainer.
 
 A Hydra app as a user writes one: its own conf/ folder, @hydra.main, seeds from its config,
-metrics to MLflow through the Trainer's own MLflow integration (`report_to: [mlflow]`). It knows
-nothing of hyprun: MLFLOW_RUN_ID and MLFLOW_TRACKING_URI in the environment are all it takes.
+metrics to MLflow through the Trainer's own MLflow integration (`report_to: [mlflow]`), which
+logs into the run MLFLOW_RUN_ID names. Of hyprun it uses only the two lines a user adds for L1
+evidence: the import and `HyprunTrainerCallback` among the Trainer's callbacks.
 
     python -m tests.apps.hf_gpt2.train training.learning_rate=3e-3
 """
@@ -15,6 +16,8 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments, set_seed
 from transformers.trainer_utils import get_last_checkpoint
+
+from runner.job.callbacks import HyprunTrainerCallback
 
 
 def markov_tokens(vocab: int, length: int, count: int, seed: int, follow: float) -> torch.Tensor:
@@ -59,7 +62,11 @@ def main(cfg: DictConfig) -> float:
         **OmegaConf.to_container(cfg.training, resolve=True),
     )
     trainer = Trainer(
-        model=model, args=args, train_dataset=Sequences(train), eval_dataset=Sequences(heldout)
+        model=model,
+        args=args,
+        train_dataset=Sequences(train),
+        eval_dataset=Sequences(heldout),
+        callbacks=[HyprunTrainerCallback(every_steps=cfg.probe_every)],  # L1 evidence
     )
     trainer.train(resume_from_checkpoint=get_last_checkpoint(output_dir))
     return trainer.evaluate()["eval_loss"]
