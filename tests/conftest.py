@@ -26,3 +26,15 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory):
     yield f"http://127.0.0.1:{port}"
     server.terminate()
     server.wait(timeout=30)
+
+
+@pytest.fixture
+def one_torch_thread():
+    """One intra-op thread for in-process training of foreign apps: on a shared 2-core machine
+    more threads only fight (a tiny HF Trainer run measured ~10x slower with two)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -162,3 +162,14 @@ def test_a_test_whose_app_crashes_or_logs_nothing_is_an_error_not_a_strike(here,
     assert "logged no 'val/loss'" in capsys.readouterr().err
     state = Store(f"sqlite:///{here}/mlflow.db", "hyprun").find("err")
     assert [t.verdict for t in state.tests] == ["error", "error"] and state.strikes == 0
+
+
+def test_a_sweep_searches_one_key_of_the_apps_tree(here):
+    assert run_cli("baseline", "--app", APP, "--seeds", "2", "--investigation", "sweep") == 0
+    sweep = "opt.lr=tag(log, interval(0.001, 0.5))"
+    assert run_cli("sweep", sweep, "--trials", "3", "--why", WHY) == 0
+    state = Store(f"sqlite:///{here}/mlflow.db", "hyprun").find("sweep")
+    [test] = state.tests
+    assert test.variable == "opt.lr" and test.verdict == "confirmed", test.tags["hyprun.reason"]
+    assert "val/loss" in test.tags["hyprun.reason"] and "best opt.lr=" in test.tags["hyprun.reason"]
+    assert run_cli("sweep", "max_steps=range(10, 40)", "--trials", "2", "--why", WHY) == 2

@@ -14,7 +14,6 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 
 from runner.cli.main import main as hyprun
 from runner.store.investigation import Store
@@ -29,13 +28,9 @@ def run_cli(*args: str) -> int:
 
 
 @pytest.fixture
-def here(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def here(workdir: Path, monkeypatch: pytest.MonkeyPatch, one_torch_thread) -> Path:
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{workdir}/mlflow.db")
-    # One intra-op thread: on a shared 2-core machine more threads only fight (~10x slower).
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield workdir
-    torch.set_num_threads(threads)
+    return workdir
 
 
 def investigate(app: str, planted: str, fix: str, tweaks: list[str], capsys) -> Store:

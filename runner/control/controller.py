@@ -150,7 +150,8 @@ def record_baseline(
         **({"app": app.record()} if app is not None else {}),
     }
     store.tag(parent, {"hyprun.baseline": json.dumps(baseline), "hyprun.why": why})
-    store.metrics(parent, seed_noise(store, baseline["seed_runs"]))
+    noisy = (*NOISE_METRICS, app.metric().metric) if app is not None else NOISE_METRICS
+    store.metrics(parent, seed_noise(store, baseline["seed_runs"], noisy))
     _, document = diagnose(store.uri, results[0].run_id, store.experiment)
     store.text(parent, json.dumps(document, indent=2, default=str), "diagnosis.json")
     state = store.find(name)
@@ -196,12 +197,14 @@ def where_tests_run(state: State, given: list[str], what: str) -> InProcess | Sl
 NOISE_METRICS = ("eval/loss", "train/loss", "perf/tokens_per_s")
 
 
-def seed_noise(store: Store, run_ids: list[str]) -> dict[str, float]:
+def seed_noise(
+    store: Store, run_ids: list[str], metrics: tuple[str, ...] = NOISE_METRICS
+) -> dict[str, float]:
     """Mean and seed-to-seed std of each headline metric's last value, for the parent run."""
     import statistics
 
     found = {}
-    for metric in NOISE_METRICS:
+    for metric in metrics:
         # A diverged seed (NaN/inf) has no spread to measure; the triage reports it instead.
         last = [
             h[-1][1] for r in run_ids if (h := store.history(r, metric)) if math.isfinite(h[-1][1])

@@ -41,6 +41,7 @@ from runner.control.controller import (
     Outcome,
     _curves,
     aggregates,
+    app_of,
     claim,
     decide,
     open_test,
@@ -54,6 +55,7 @@ from runner.control.controller import (
 from runner.control.one_variable import Delta, measure
 from runner.errors import BadInput, JobsFailed
 from runner.job.result import JobResult
+from runner.launch.app import HydraApp
 from runner.launch.launchers import Failed, InProcess, Job, result_of, safe_name, split
 from runner.store.investigation import State, Store
 
@@ -105,12 +107,14 @@ def as_override(key: str, value: Any) -> str:
     return f"{key}={value:.6g}" if isinstance(value, float) else f"{key}={value}"
 
 
-def one_variable(baseline: list[str], key: str, dist: BaseDistribution) -> Delta:
+def one_variable(
+    baseline: list[str], key: str, dist: BaseDistribution, app: HydraApp | None = None
+) -> Delta:
     """Every value the sweep can take must pass the one-variable rule, on this one key."""
     delta = None
     for value in candidates(dist):
         try:
-            found = measure(baseline, [as_override(key, value)])
+            found = measure(baseline, [as_override(key, value)], app)
         except BadInput as error:
             if "changes nothing" in str(error):
                 continue  # the baseline's own value is a fair candidate
@@ -169,7 +173,7 @@ def sweep(
     argument, launcher_overrides = split(argument)
     override = parse(argument)
     key, dist = override.key_or_group, distribution(override)
-    one_variable(state.baseline["overrides"], key, dist)
+    one_variable(state.baseline["overrides"], key, dist, app_of(state))
     if trials < 2:
         raise BadInput(f"--trials {trials}: a sweep needs 2 or more (one value: 'hyprun test')")
     refuse_repeat(state, list(argument))
@@ -193,6 +197,20 @@ def sweep(
     return record_verdict(store, state, test_run, label, verdict, extra)
 
 
+def primary_of(state: State) -> MetricSpec:
+    """The metric a sweep optimises: our eval/loss, or the app's declared metric."""
+    app = app_of(state)
+    return app.metric() if app is not None else DEFAULT_PRIMARY
+
+
+def budget_of_baseline(state: State) -> int:
+    """The baseline's budget in the primary metric's steps (tokens for our job)."""
+    app = app_of(state)
+    if app is not None:
+        return app.budget(state.baseline["overrides"])
+    return int(compose(state.baseline["overrides"]).budget.tokens)
+
+
 def _journal(state: State) -> Path:
     return SWEEPS / f"{safe_name(state.name)}.journal"
 
@@ -206,14 +224,14 @@ def _study(
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     path = _journal(state)
     path.parent.mkdir(parents=True, exist_ok=True)
-    budget = compose(state.baseline["overrides"]).budget.tokens
-    baseline = _curves(store, state.baseline["seed_runs"], DEFAULT_PRIMARY.metric)
+    primary = primary_of(state)
+    baseline = _curves(store, state.baseline["seed_runs"], primary.metric)
     study = optuna.create_study(
         storage=JournalStorage(JournalFileBackend(str(path))),
         study_name=f"{state.name}/H{number}",
-        direction="minimize",
+        direction="maximize" if primary.direction == "max" else "minimize",
         sampler=optuna.samplers.TPESampler(seed=0),
-        pruner=BaselinePruner(baseline, DEFAULT_PRIMARY, int(budget)),
+        pruner=BaselinePruner(baseline, primary, budget_of_baseline(state)),
     )
     if isinstance(dist, CategoricalDistribution):  # every choice once before any repeats
         for choice in dist.choices[:trials]:
@@ -278,7 +296,7 @@ def _run_trials(
             store.tag(run_id, {"hyprun.verdict": "pruned"})
             store.finish(run_id)
         else:
-            verdict = decide(store, state, mine, DEFAULT_PRIMARY, [])
+            verdict = decide(store, state, mine, primary_of(state), [])
             study.tell(trial, verdict["test_value"])
             store.tag(
                 run_id, {"hyprun.verdict": verdict["status"], "hyprun.reason": verdict["reason"]}
@@ -319,10 +337,11 @@ def _verdict(
             "pruned": pruned,
             "trials": table,
         }, {}
-    best = min(complete, key=lambda t: t.value)
+    primary = primary_of(state)
+    best = (max if primary.direction == "max" else min)(complete, key=lambda t: t.value)
     best_run = best.user_attrs["run_id"]
     results = [result_of(r) for r in store.seed_runs(best_run)]
-    verdict = decide(store, state, results, DEFAULT_PRIMARY, [], looks=looks)
+    verdict = decide(store, state, results, primary, [], looks=looks)
     best_delta = as_override(key, best.params[key])
     verdict.update(best=best_delta, best_trial=best.number, pruned=pruned, trials=table)
     verdict["reason"] = (

@@ -333,6 +333,11 @@ class HydraApp:
         root = Path(self.config_dir)
         return {p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("_")}
 
+    def budget(self, overrides: list[str]) -> int:
+        """The declared budget's value (the first key when several are declared)."""
+        key = self.controlled_keys()["budget"][0]
+        return int(OmegaConf.select(self.check(overrides), key))
+
     def drift_key(self, overrides: list[str]) -> str:
         from runner.job.checkpoint import config_hash
 
@@ -411,9 +416,8 @@ def run_app(config: DictConfig, process: str | None = None) -> JobResult:
         **{k: str(v) for k, v in tracking.tags.items()},
         "hyprun.git_sha": app.git_sha(),
         "hyprun.config_hash": app.drift_key(overrides),
-        "hyprun.outcome": "running",
-        **provenance.slurm_tags(),
     }
+    attempt = {"hyprun.outcome": "running", **provenance.slurm_tags()}
     run_id, experiment_id, _ = app_runs.open_seed_run(
         tracking.uri,
         tracking.experiment,
@@ -421,6 +425,7 @@ def run_app(config: DictConfig, process: str | None = None) -> JobResult:
         seed,
         tracking.run_name,
         tags,
+        attempt,
         {f"config.{k}": v for k, v in flatten(resolved).items()},
         OmegaConf.to_yaml(cfg, resolve=True),
     )

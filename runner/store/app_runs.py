@@ -21,10 +21,12 @@ def open_seed_run(
     seed: int,
     run_name: str,
     tags: dict[str, str],
+    attempt_tags: dict[str, str],
     params: dict[str, str],
     config_yaml: str,
 ) -> tuple[str, str, bool]:
-    """(run id, experiment id, resumed): the run of `seed` below `parent_run_id`, made once."""
+    """(run id, experiment id, resumed): the run of `seed` below `parent_run_id`, made once;
+    `attempt_tags` (which Slurm job runs it, how often requeued) are set on every attempt."""
     # MLflow is imported where used, here and below: `hyprun status` and the refusals import
     # this module through the launchers and must not wait seconds on MLflow's import.
     from mlflow.entities import Param, RunTag
@@ -40,9 +42,10 @@ def open_seed_run(
     if found:
         run_id = found[0].info.run_id
         client.update_run(run_id, status="RUNNING")
-        client.log_batch(run_id, tags=[RunTag("hyprun.outcome", "running")])
+        client.log_batch(run_id, tags=[RunTag(k, redact(str(v))) for k, v in attempt_tags.items()])
         return run_id, experiment_id_, True
-    tags = {**{k: redact(str(v)) for k, v in tags.items()}, "mlflow.parentRunId": parent_run_id}
+    tags = {**tags, **attempt_tags, "mlflow.parentRunId": parent_run_id}
+    tags = {k: redact(str(v)) for k, v in tags.items()}
     run = client.create_run(experiment_id_, run_name=run_name, tags=tags)
     run_id = run.info.run_id
     items = [Param(k, redact(v)[:6000]) for k, v in params.items()]

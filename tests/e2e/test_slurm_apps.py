@@ -43,7 +43,7 @@ def hyprun(*args: str, cwd: Path, uri: str, wait: bool = True):
     return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
 
 
-def test_hf_app_on_slurm_with_a_requeue(mlflow_server, tmp_path, monkeypatch):
+def test_hf_app_on_slurm_with_a_requeue(mlflow_server, tmp_path, monkeypatch, one_torch_thread):
     store = Store(mlflow_server, "hyprun")
     planted = "training.learning_rate=1e-4"
     done = hyprun(
