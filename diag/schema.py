@@ -39,12 +39,13 @@ class Strict(BaseModel):
 Model = TypeVar("Model", bound=BaseModel)
 
 
-def validated(model: type[Model], data: Any, where: str) -> Model:
-    """`data` as a `model`, or a one-line ValueError: `WHERE: FIELD: PROBLEM`."""
+def validated(model: type[Model], data: Any, where: str = "") -> Model:
+    """`data` as a `model`, or a one-line ValueError: `WHERE: FIELD: PROBLEM; FIX`."""
     try:
         return model.model_validate(data)
     except ValidationError as err:
-        raise ValueError(f"{where}: {first_error(err)}") from None
+        problem = first_error(err)
+        raise ValueError(f"{where}: {problem}" if where else problem) from None
 
 
 def first_error(err: ValidationError) -> str:
@@ -58,9 +59,23 @@ def first_error(err: ValidationError) -> str:
         return f"unknown key {last!r}{inside}; remove it or fix its spelling"
     if problem["type"] == "missing":
         return f"missing field {last!r}{inside}; add `{last}:`"
+    if problem["type"] == "value_error":  # our own validators' words, as they wrote them
+        where = ".".join(str(part) for part in problem["loc"])
+        return f"{where + ': ' if where else ''}{problem['ctx']['error']}"
     got = problem.get("input")
     shown = "" if isinstance(got, dict | list) or got is None else f", got {got!r}"
-    return f"{'.'.join([*parents, last])}: {problem['msg']}{shown}; fix the value"
+    if isinstance(got, str) and _reads_as_number(got):
+        shown += " (YAML 1.1 reads 1e-2 as a string: write 1.0e-2)"
+    where = ".".join(str(part) for part in problem["loc"])
+    return f"{where + ': ' if where else ''}{problem['msg']}{shown}; fix the value"
+
+
+def _reads_as_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)

@@ -12,14 +12,20 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import yaml
+from pydantic import (
+    Field,
+    SkipValidation,
+    StringConstraints,
+    field_validator,
+    model_validator,
+)
 
-from diag.metric import DIRECTIONS, MetricSpec
-from diag.schema import QUESTIONS
+from diag.metric import MetricSpec
+from diag.schema import Question, Strict, validated
 
 CARDS_DIR = Path(__file__).parent
 """Where the shipped cards live (the package folder, so an installed wheel finds them too)."""
@@ -54,44 +60,52 @@ def relative_factor(value: str) -> float | None:
     return float(factor)
 
 
-_FIELDS = {
-    "id": "the file stem, e.g. id: lr_down_10x",
-    "title": "a short title, e.g. title: Reduce the LR 10x",
-    "question": "one of Q1, Q2, Q3",
-    "statement": "'I think [cause] because [evidence]'",
-    "delta": 'a list of Hydra overrides for one variable, e.g. delta: ["optim.lr=*0.1"]',
-    "primary": "{metric: eval/loss, direction: min, min_effect: 0.01}",
-    "guards": "a list of {metric: ..., direction: min|max}",
-    "triggers": "a list of finding ids from diag/tables/*.yaml",
-    "claimed": "{source: ..., effect: ..., confidence: ...}",
-    "notes": "free text",
-}
-_REQUIRED = ("id", "title", "question", "statement", "delta", "primary")
+Text = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1)]
+"""A non-empty string."""
+Id = Annotated[str, StringConstraints(pattern=ID_PATTERN.pattern)]
+"""A card or finding id."""
+Effect = Annotated[float, Field(strict=True, ge=0, allow_inf_nan=False)]
+"""A relative effect >= 0; strict, so YAML 1.1's string `1e-2` or a bool is refused."""
 
 
-@dataclass(frozen=True)
-class Claim:
+class Metric(Strict):
+    """A metric as a card writes it: `{metric: eval/loss, direction: min, min_effect: 0.01}`."""
+
+    metric: Text
+    """The MLflow key logged by the job."""
+    direction: Literal["min", "max"]
+    """`min` when lower is better (loss), `max` when higher is (tokens/s)."""
+    min_effect: Effect = 0.0
+    """Primary: the smallest improvement worth acting on; guard: the regression tolerated."""
+
+
+class Primary(Metric):
+    """The primary metric: the smallest effect that matters must be written down."""
+
+    min_effect: Effect
+
+
+class Claim(Strict):
     """What a report claimed for this change, shown next to the measured effect."""
 
-    source: str
+    source: Text
     """Where the claim comes from (a report, a paper, a colleague)."""
-    effect: str
+    effect: Text
     """The claimed effect in the source's own terms, e.g. "25-40% faster convergence"."""
-    confidence: str | None = None
+    confidence: Text | None = None
     """The confidence the source gave, e.g. "85%", if it gave one."""
 
 
-@dataclass(frozen=True)
-class Card:
+class Card(Strict):
     """One hypothesis: a config delta that changes exactly one variable, and how to judge it."""
 
-    id: str
+    id: Id
     """Unique id, equal to the file stem, so a finding's `cards:` entry names a file."""
-    title: str
+    title: Text
     """A short human title for reports."""
-    question: str
+    question: Question
     """The core question the card answers: Q1 convergence, Q2 early anomalies, Q3 speed."""
-    statement: str
+    statement: Text
     """The hypothesis in the method's form, "I think [cause] because [evidence]"; writing the
     evidence down keeps the test tied to what was observed rather than to habit."""
     delta: tuple[str, ...]
@@ -102,19 +116,71 @@ class Card:
     guards: tuple[MetricSpec, ...] = ()
     """Metrics that must not regress beyond seed noise: a win on the primary metric that
     costs, say, throughput or loss elsewhere is not a win."""
-    triggers: tuple[str, ...] = ()
+    triggers: tuple[Id, ...] = ()
     """Finding ids (diag/tables/*.yaml rows) that make this card a candidate to test."""
     claimed: Claim | None = None
     """What a report claimed for this change, so the measured effect can be set beside it."""
-    notes: str | None = None
+    notes: Text | None = None
     """Caveats: why the delta is one variable, when the card does nothing, real-data notes."""
-    path: Path | None = field(default=None, compare=False)
-    """The file the card was loaded from (not a YAML field)."""
+    compound: Text | None = None
+    """Set on a group switch whose choices also differ in keys both share (`sched=X` changing
+    `sched.warmup_frac`): the reason the switch is tested as one intervention of several
+    changes. Without it such a switch is refused; with it the test is labelled compound."""
+    path: SkipValidation[Path | None] = Field(default=None, exclude=True)
+    """The file the card was loaded from (set by the loader; not a YAML field)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _path_is_not_a_field(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "path" in data:
+            raise ValueError("`path` is not a card field; remove it")
+        return data
+
+    @field_validator("statement")
+    @classmethod
+    def _method_form(cls, statement: str) -> str:
+        if not statement.startswith("I think ") or " because " not in statement:
+            raise ValueError("must read 'I think [cause] because [evidence]'")
+        return statement
+
+    @field_validator("primary", mode="before")
+    @classmethod
+    def _primary(cls, value: Any) -> MetricSpec:
+        return value if isinstance(value, MetricSpec) else _spec(validated(Primary, value))
+
+    @field_validator("guards", mode="before")
+    @classmethod
+    def _guards(cls, value: Any) -> tuple[MetricSpec, ...]:
+        if not isinstance(value, list | tuple):
+            raise ValueError("must be a list of {metric: ..., direction: min|max}")
+        return tuple(
+            g if isinstance(g, MetricSpec) else _spec(validated(Metric, g, f"item {i}"))
+            for i, g in enumerate(value)
+        )
+
+    @field_validator("delta")
+    @classmethod
+    def _one_variable(cls, delta: tuple[str, ...]) -> tuple[str, ...]:
+        if not delta:
+            raise ValueError('is empty: a card must change one variable, e.g. ["optim.lr=*0.1"]')
+        for entry in delta:
+            match = OVERRIDE.match(entry)
+            if not match:
+                raise ValueError(f"{entry!r} is not a Hydra override key=value, e.g. sched=wsd")
+            relative_factor(match["value"])
+        keys = sorted({override_key(e) for e in delta})
+        if len(keys) != 1:
+            raise ValueError(f"sets {len(keys)} keys ({', '.join(keys)}): split it into cards")
+        return delta
 
     @property
     def variable(self) -> str:
         """The one key the delta sets (`optim.lr`, or a group name such as `sched`)."""
         return override_key(self.delta[0])
+
+
+def _spec(metric: Metric) -> MetricSpec:
+    return MetricSpec(metric.metric, metric.direction, metric.min_effect)
 
 
 def override_key(override: str) -> str:
@@ -222,123 +288,6 @@ def _read(path: Path) -> Any:
         ) from None
 
 
-def _string(path: Path, name: str, value: Any, example: str) -> str:
-    if not isinstance(value, str) or not value.strip():
-        raise _fail(path, name, f"must be a non-empty string, got {value!r}", f"write {example}")
-    return value
-
-
-def _strings(path: Path, name: str, value: Any, example: str) -> tuple[str, ...]:
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise _fail(path, name, f"must be a list of strings, got {value!r}", f"write {example}")
-    return tuple(value)
-
-
-def _numeric(value: Any) -> bool:
-    """A string that reads as a number, such as YAML 1.1's `1e-2` (no dot, so not a float)."""
-    try:
-        float(value)
-    except (TypeError, ValueError):
-        return False
-    return isinstance(value, str)
-
-
-def _number(path: Path, name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        hint = " (YAML reads 1e-2 as a string: write 1.0e-2)" if _numeric(value) else ""
-        raise _fail(
-            path,
-            name,
-            f"must be a finite number >= 0, got {value!r}{hint}",
-            "write e.g. 0.01 for 1%",
-        )
-    if value < 0:
-        raise _fail(path, name, f"must be >= 0, got {value!r}", "write e.g. 0.01 for 1%")
-    return float(value)
-
-
-def _metric(path: Path, name: str, value: Any, need_effect: bool) -> MetricSpec:
-    allowed = {"metric", "direction", "min_effect"}
-    if not isinstance(value, dict):
-        raise _fail(path, name, f"must be a mapping, got {value!r}", f"write {_FIELDS['primary']}")
-    unknown = sorted(set(value) - allowed, key=str)
-    if unknown:
-        raise _fail(
-            path, f"{name}.{unknown[0]}", "unknown field", f"allowed: {', '.join(sorted(allowed))}"
-        )
-    for key in ("metric", "direction", "min_effect") if need_effect else ("metric", "direction"):
-        if key not in value:
-            raise _fail(path, f"{name}.{key}", "missing field", f"write {_FIELDS['primary']}")
-    metric = _string(path, f"{name}.metric", value["metric"], "metric: eval/loss")
-    direction = value["direction"]
-    if direction not in DIRECTIONS:
-        raise _fail(
-            path,
-            f"{name}.direction",
-            f"must be min or max, got {direction!r}",
-            "min when lower is better (loss), max when higher is (tokens/s)",
-        )
-    effect = _number(path, f"{name}.min_effect", value.get("min_effect", 0.0))
-    return MetricSpec(metric, direction, effect)
-
-
-def _delta(path: Path, value: Any) -> tuple[str, ...]:
-    example = '["optim.lr=*0.1"]'
-    if isinstance(value, list) and not value:
-        raise _fail(
-            path, "delta", "is empty: a card must change one variable", f"write delta: {example}"
-        )
-    delta = _strings(path, "delta", value, f"delta: {example}")
-    for entry in delta:
-        match = OVERRIDE.match(entry)
-        if not match:
-            raise _fail(
-                path,
-                "delta",
-                f"{entry!r} is not a Hydra override key=value",
-                "e.g. optim.lr=3e-4, sched=wsd or optim.betas=[0.9,0.95]",
-            )
-        try:
-            relative_factor(match["value"])
-        except ValueError as err:
-            raise _fail(
-                path, "delta", f"{entry!r}: {err}", "e.g. optim.lr=*0.1 for a tenth of the LR"
-            ) from None
-    keys = sorted({override_key(e) for e in delta})
-    if len(keys) != 1:
-        raise _fail(
-            path,
-            "delta",
-            f"sets {len(keys)} keys ({', '.join(keys)}): a card tests one variable",
-            f"split it into {len(keys)} cards",
-        )
-    return delta
-
-
-def _claim(path: Path, value: Any) -> Claim:
-    allowed = {"source", "effect", "confidence"}
-    if not isinstance(value, dict):
-        raise _fail(
-            path, "claimed", f"must be a mapping, got {value!r}", f"write {_FIELDS['claimed']}"
-        )
-    unknown = sorted(set(value) - allowed, key=str)
-    if unknown:
-        raise _fail(
-            path, f"claimed.{unknown[0]}", "unknown field", f"allowed: {', '.join(sorted(allowed))}"
-        )
-    for key in ("source", "effect"):
-        if key not in value:
-            raise _fail(path, f"claimed.{key}", "missing field", f"write {_FIELDS['claimed']}")
-    confidence = value.get("confidence")
-    if confidence is not None:
-        confidence = _string(path, "claimed.confidence", confidence, "confidence: '85%'")
-    return Claim(
-        _string(path, "claimed.source", value["source"], "source: the report's name"),
-        _string(path, "claimed.effect", value["effect"], 'effect: "25-40% faster convergence"'),
-        confidence,
-    )
-
-
 def parse_card(path: Path, data: Any) -> Card:
     """A validated Card from already-parsed YAML `data` read from `path`."""
     if not isinstance(data, dict):
@@ -348,79 +297,15 @@ def parse_card(path: Path, data: Any) -> Card:
             f"must be a YAML mapping, got {type(data).__name__}",
             "start with `id: <file stem>` and the other card fields",
         )
-    unknown = sorted(set(data) - set(_FIELDS), key=str)
-    if unknown:
-        raise _fail(
-            path,
-            str(unknown[0]),
-            "unknown field",
-            f"allowed: {', '.join(_FIELDS)} (check the spelling)",
-        )
-    for name in _REQUIRED:
-        if name not in data:
-            raise _fail(path, name, "missing field", f"add {name}: {_FIELDS[name]}")
-
-    card_id = _string(path, "id", data["id"], _FIELDS["id"])
-    if not ID_PATTERN.match(card_id):
-        raise _fail(path, "id", f"{card_id!r} must match [a-z0-9_]+", "use lower-case snake case")
-    if card_id != path.stem:
+    card = validated(Card, data, str(path))
+    if card.id != path.stem:
         raise _fail(
             path,
             "id",
-            f"{card_id!r} differs from the file stem {path.stem!r}",
-            f"rename the file to {card_id}.yaml or set id: {path.stem}",
+            f"{card.id!r} differs from the file stem {path.stem!r}",
+            f"rename the file to {card.id}.yaml or set id: {path.stem}",
         )
-    question = data["question"]
-    if question not in QUESTIONS:
-        raise _fail(
-            path,
-            "question",
-            f"must be one of Q1, Q2, Q3, got {question!r}",
-            "Q1 convergence, Q2 early anomalies, Q3 speed",
-        )
-    statement = _string(path, "statement", data["statement"], _FIELDS["statement"])
-    if not statement.startswith("I think ") or " because " not in statement:
-        raise _fail(
-            path,
-            "statement",
-            "must read 'I think [cause] because [evidence]'",
-            "name the cause and the evidence that points to it",
-        )
-
-    guards_raw = [] if data.get("guards") is None else data["guards"]
-    if not isinstance(guards_raw, list):
-        raise _fail(
-            path,
-            "guards",
-            f"must be a list, got {guards_raw!r}",
-            "write guards: [{metric: perf/tokens_per_s, direction: max}]",
-        )
-    guards = tuple(_metric(path, f"guards[{i}]", g, False) for i, g in enumerate(guards_raw))
-    triggers_raw = [] if data.get("triggers") is None else data["triggers"]
-    triggers = _strings(path, "triggers", triggers_raw, "triggers: [underfitting]")
-    for trigger in triggers:
-        if not ID_PATTERN.match(trigger):
-            raise _fail(
-                path,
-                "triggers",
-                f"{trigger!r} is not a finding id",
-                "use the `id` of a row in diag/tables/*.yaml",
-            )
-    claimed = data.get("claimed")
-    notes = data.get("notes")
-    return Card(
-        id=card_id,
-        title=_string(path, "title", data["title"], _FIELDS["title"]),
-        question=question,
-        statement=statement,
-        delta=_delta(path, data["delta"]),
-        primary=_metric(path, "primary", data["primary"], True),
-        guards=guards,
-        triggers=triggers,
-        claimed=None if claimed is None else _claim(path, claimed),
-        notes=None if notes is None else _string(path, "notes", notes, "notes: free text"),
-        path=path,
-    )
+    return card.model_copy(update={"path": path})
 
 
 def load_card(path: Path | str) -> Card:

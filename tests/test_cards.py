@@ -257,32 +257,77 @@ def test_optional_fields_may_be_left_out(tmp_path: Path):
 
 
 BAD = [
-    ("unknown field", "notes: free text", "notes: x\ncolour: red", ["colour: unknown field"]),
-    ("missing field", 'delta: ["optim.lr=*0.1"]\n', "", ["delta: missing field"]),
-    ("title not a string", "title: A card", "title: [a, b]", ["title: must be a non-empty"]),
-    ("title a number", "title: A card", "title: 3", ["title: must be a non-empty string"]),
+    ("unknown field", "notes: free text", "notes: x\ncolour: red", ["unknown key 'colour'"]),
+    ("missing field", 'delta: ["optim.lr=*0.1"]\n', "", ["missing field 'delta'"]),
+    (
+        "title not a string",
+        "title: A card",
+        "title: [a, b]",
+        ["title: Input should be a valid string"],
+    ),
+    (
+        "title a number",
+        "title: A card",
+        "title: 3",
+        ["title: Input should be a valid string, got 3"],
+    ),
     ("statement form", "statement: I think", "statement: the LR is high", ["statement: must"]),
     ("id is not stem", "id: my_card", "id: other_card", ["id: 'other_card'", "file stem"]),
-    ("id pattern", "id: my_card", "id: My-Card", ["id: 'My-Card' must match [a-z0-9_]+"]),
-    ("bad question", "question: Q1", "question: Q4", ["question: must be one of Q1, Q2, Q3"]),
-    ("bad direction", "direction: min,", "direction: down,", ["primary.direction: must be"]),
-    ("guard direction", "direction: max}", "direction: up}", ["guards[0].direction: must be"]),
-    ("negative effect", "min_effect: 0.01", "min_effect: -0.1", ["primary.min_effect: must"]),
-    ("nan effect", "min_effect: 0.01", "min_effect: .nan", ["primary.min_effect:", "finite"]),
-    ("inf effect", "min_effect: 0.01", "min_effect: .inf", ["primary.min_effect:", "finite"]),
+    ("id pattern", "id: my_card", "id: My-Card", ["id: String should match pattern", "'My-Card'"]),
+    (
+        "bad question",
+        "question: Q1",
+        "question: Q4",
+        ["question: Input should be 'Q1', 'Q2' or 'Q3'"],
+    ),
+    (
+        "bad direction",
+        "direction: min,",
+        "direction: down,",
+        ["primary: direction: Input should be 'min' or 'max'"],
+    ),
+    (
+        "guard direction",
+        "direction: max}",
+        "direction: up}",
+        ["guards: item 0: direction: Input should be"],
+    ),
+    (
+        "negative effect",
+        "min_effect: 0.01",
+        "min_effect: -0.1",
+        ["primary: min_effect: Input should be"],
+    ),
+    ("nan effect", "min_effect: 0.01", "min_effect: .nan", ["primary: min_effect:", "finite"]),
+    ("inf effect", "min_effect: 0.01", "min_effect: .inf", ["primary: min_effect:", "finite"]),
     ("string effect", "min_effect: 0.01", "min_effect: 1e-2", ["min_effect:", "1.0e-2"]),
-    ("word effect", "min_effect: 0.01", "min_effect: big", ["min_effect: must be a finite"]),
-    ("bool effect", "min_effect: 0.01", "min_effect: true", ["primary.min_effect: must"]),
-    ("missing effect", ", min_effect: 0.01}", "}", ["primary.min_effect: missing field"]),
+    (
+        "word effect",
+        "min_effect: 0.01",
+        "min_effect: big",
+        ["min_effect: Input should be a valid number"],
+    ),
+    (
+        "bool effect",
+        "min_effect: 0.01",
+        "min_effect: true",
+        ["primary: min_effect: Input should be"],
+    ),
+    ("missing effect", ", min_effect: 0.01}", "}", ["primary: missing field 'min_effect'"]),
     (
         "primary not mapping",
         "{metric: eval/loss, direction: min, min_effect: 0.01}",
         "eval/loss",
-        ["primary: must be a mapping"],
+        ["primary: Input should be a valid dictionary"],
     ),
     ("empty delta", '["optim.lr=*0.1"]', "[]", ["delta: is empty"]),
-    ("delta not a list", '["optim.lr=*0.1"]', '"optim.lr=*0.1"', ["delta: must be a list"]),
-    ("delta not strings", '["optim.lr=*0.1"]', "[3]", ["delta: must be a list of strings"]),
+    (
+        "delta not a list",
+        '["optim.lr=*0.1"]',
+        '"optim.lr=*0.1"',
+        ["delta: Input should be a valid tuple"],
+    ),
+    ("delta not strings", '["optim.lr=*0.1"]', "[3]", ["delta.0: Input should be a valid string"]),
     ("delta not key=value", '["optim.lr=*0.1"]', '["optim.lr"]', ["delta:", "key=value"]),
     ("delta deletion", '["optim.lr=*0.1"]', '["~optim.lr"]', ["delta:", "key=value"]),
     ("delta empty value", '["optim.lr=*0.1"]', '["optim.lr="]', ["delta:", "key=value"]),
@@ -296,20 +341,45 @@ BAD = [
         "guards: 3",
         ["guards: must be a list"],
     ),
-    ("guard unknown field", "direction: max}", "direction: max, why: x}", ["guards[0].why: unk"]),
-    ("trigger not id", "[lr_too_high_oscillation]", "[Bad Id]", ["triggers: 'Bad Id'"]),
-    ("triggers not list", "[lr_too_high_oscillation]", "lr_too_high", ["triggers: must be"]),
-    ("triggers zero", "[lr_too_high_oscillation]", "0", ["triggers: must be a list"]),
+    (
+        "guard unknown field",
+        "direction: max}",
+        "direction: max, why: x}",
+        ["guards: item 0: unknown key 'why'"],
+    ),
+    (
+        "trigger not id",
+        "[lr_too_high_oscillation]",
+        "[Bad Id]",
+        ["triggers.0: String should match pattern", "'Bad Id'"],
+    ),
+    (
+        "triggers not list",
+        "[lr_too_high_oscillation]",
+        "lr_too_high",
+        ["triggers: Input should be a valid tuple"],
+    ),
+    (
+        "triggers zero",
+        "[lr_too_high_oscillation]",
+        "0",
+        ["triggers: Input should be a valid tuple"],
+    ),
     (
         "guards empty text",
         "guards:\n  - {metric: perf/tokens_per_s, direction: max}",
         "guards: ''",
         ["guards: must be a list"],
     ),
-    ("claim missing", "effect: 25% faster, ", "", ["claimed.effect: missing field"]),
-    ("claim unknown", "confidence:", "by: me, confidence:", ["claimed.by: unknown field"]),
-    ("claim number", 'confidence: "85%"', "confidence: 0.85", ["claimed.confidence: must"]),
-    ("notes not text", "notes: free text", "notes: [a]", ["notes: must be"]),
+    ("claim missing", "effect: 25% faster, ", "", ["missing field 'effect' in claimed"]),
+    ("claim unknown", "confidence:", "by: me, confidence:", ["unknown key 'by' in claimed"]),
+    (
+        "claim number",
+        'confidence: "85%"',
+        "confidence: 0.85",
+        ["claimed.confidence: Input should be a valid string"],
+    ),
+    ("notes not text", "notes: free text", "notes: [a]", ["notes: Input should be a valid string"]),
     ("duplicate key", "notes: free text", "notes: a\nnotes: b", ["duplicate key 'notes'"]),
     ("yaml syntax", "notes: free text", "notes: [unclosed", ["not valid YAML"]),
 ]
@@ -399,7 +469,7 @@ def test_load_cards_reads_a_folder_and_refuses_a_bad_card(tmp_path: Path):
     write(tmp_path, VALID.replace("id: my_card", "id: second"), name="second")
     assert list(load_cards(tmp_path)) == ["my_card", "second"]
     write(tmp_path, VALID.replace("id: my_card", "id: third\nextra: 1"), name="third")
-    with pytest.raises(ValueError, match="third.yaml: extra: unknown field"):
+    with pytest.raises(ValueError, match="third.yaml: unknown key 'extra'"):
         load_cards(tmp_path)
 
 
