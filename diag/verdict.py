@@ -81,6 +81,7 @@ from pydantic import ConfigDict, Field, ValidationError
 from pydantic.dataclasses import dataclass as checked_dataclass
 
 from diag.metric import MetricSpec
+from diag.sequential import Design, Spending
 
 __all__ = ["MetricSpec", "compare", "early_reject", "load_params"]
 
@@ -96,12 +97,14 @@ TABLE = Path(__file__).parent / "tables" / "verdict.yaml"
 STATUSES = ("confirmed", "rejected", "inconclusive")
 
 
-def _stats():
-    """scipy.stats, imported on first use: it takes most of a second to import, and commands
-    that never judge a test (status, report) should not pay for it."""
-    from scipy import stats
+def _special():
+    """scipy.special, imported on first use (commands that never judge a test, such as status
+    and report, should not pay for scipy's import). Its ndtr/ndtri/stdtr/stdtrit are the normal
+    and Student-t functions scipy.stats' `norm` and `t` evaluate, called directly: the stats
+    objects add a third of a millisecond per call, which the benchmark's 30,000 verdicts feel."""
+    from scipy import special
 
-    return stats
+    return special
 
 
 # ---------------------------------------------------------------------------------------------
@@ -116,15 +119,31 @@ class EarlyParams:
 
     min_frac: float = Field(0.3, ge=0, le=1)
     """Judge only marks at or after this fraction of the token budget."""
-    z: float = Field(4.0, gt=0)
-    """How many per-seed sigmas worse the test's seed mean must be at a mark."""
     floor: float = Field(0.01, ge=0)
-    """Relative margin added to z x sigma (a tiny sigma must not make 0.1% count as worse)."""
+    """Relative margin beyond the reject boundary (a tiny sigma must not make 0.1% count as
+    worse)."""
     slack: float = Field(0.05, ge=0)
     """Further relative margin per unit of budget still to run: slack x (1 - f) at fraction f
     (early in the run a late-improving curve has the most room to catch up)."""
     consecutive: int = Field(2, ge=1)
     """How many consecutive marks must be worse before stopping."""
+
+
+@checked_dataclass(frozen=True, config=STRICT)
+class SequentialParams:
+    """How an undecided test adds seeds (`sequential:` in verdict.yaml; diag/sequential.py)."""
+
+    max_seeds: int = Field(8, ge=1)
+    """Seeds per side a test may grow to (`hyprun test --max-seeds`); the baseline's count
+    or less: the fixed-k rule, one look."""
+    round_seeds: int = Field(0, ge=0)
+    """Seeds per side added each round (0: as many as the baseline was recorded with)."""
+    confirm_spending: Spending = "obrien_fleming"
+    """Lan-DeMets spending function of the confirm side: O'Brien-Fleming type keeps early
+    looks strict and the last look close to the fixed rule's z."""
+    reject_spending: Spending = "pocock"
+    """Spending function of the reject side: Pocock type spends evenly, so a test that cannot
+    reach its min effect stops in an early round."""
 
 
 @checked_dataclass(frozen=True, config=STRICT)
@@ -149,6 +168,13 @@ class VerdictParams:
     """Cap of the seeds-needed estimate."""
     early: EarlyParams = Field(default_factory=EarlyParams)
     """Early-rejection thresholds."""
+    sequential: SequentialParams = Field(default_factory=SequentialParams)
+    """Seeds in rounds for undecided tests (diag/sequential.py)."""
+
+    @property
+    def alpha(self) -> float:
+        """The one-sided false-confirmation rate z_confirm stands for: P(Z > z_confirm)."""
+        return float(_special().ndtr(-self.z_confirm))
 
 
 @checked_dataclass(frozen=True, config=STRICT)
@@ -163,7 +189,12 @@ def _one_line(path: str | Path, error: ValidationError) -> str:
     first = error.errors()[0]
     where = ".".join(str(part) for part in first["loc"])
     if first["type"] == "unexpected_keyword_argument":
-        entry = {"": VerdictTable, "verdict": VerdictParams, "verdict.early": EarlyParams}
+        entry = {
+            "": VerdictTable,
+            "verdict": VerdictParams,
+            "verdict.early": EarlyParams,
+            "verdict.sequential": SequentialParams,
+        }
         known = sorted(entry[where.rpartition(".")[0]].__dataclass_fields__)
         return f"{path}: unknown key {where}; known: {known}"
     more = f" (and {error.error_count() - 1} more)" if error.error_count() > 1 else ""
@@ -234,6 +265,16 @@ class Verdict:
     """Per-seed spread (sample std) of the baseline at the matched tokens, metric units."""
     test_sigma: float = math.nan
     """Per-seed spread of the test (the baseline's when the test has one seed)."""
+    z_reject: float = math.nan
+    """The z of the reject side's interval (z_needed too, with a single look)."""
+    round: int = 1
+    """Which look of the sequential design this is (1 = the first seeds)."""
+    rounds: int = 1
+    """Looks the design plans at most (1: the fixed-k rule)."""
+    final: bool = True
+    """Whether no further round may follow: an inconclusive verdict then stands."""
+    identical: bool = False
+    """Every test seed's primary curve equals the baseline seed's, point for point."""
 
     def to_dict(self) -> dict:
         """Plain, JSON-safe dict: NaN and infinite floats become None."""
@@ -331,6 +372,15 @@ def matched_tokens(baseline: Runs, test: Runs, metric: str) -> int:
     return min(ends)
 
 
+def identical_curves(baseline: Runs, test: Runs) -> bool:
+    """Every test seed ran as its baseline seed did, bit for bit: the change did nothing to
+    this metric, and no number of seeds will show an effect."""
+    return all(
+        seed in baseline and _sorted(points) == _sorted(baseline[seed])
+        for seed, points in test.items()
+    )
+
+
 # ---------------------------------------------------------------------------------------------
 # Step 2: the noise of the difference of seed means
 
@@ -424,7 +474,7 @@ def contrast(
 
 @functools.lru_cache(maxsize=4096)
 def _t_quantile(confidence: float, df: float) -> float:
-    return float(_stats().t.ppf(confidence, df))
+    return float(_special().stdtrit(df, confidence))
 
 
 def z_threshold(z: float, df: float, small_sample: bool = True) -> float:
@@ -433,7 +483,7 @@ def z_threshold(z: float, df: float, small_sample: bool = True) -> float:
     the correction is off)."""
     if not small_sample or math.isinf(df) or z <= 0:
         return z
-    confidence = float(_stats().norm.cdf(z))
+    confidence = float(_special().ndtr(z))
     return _t_quantile(confidence, round(float(df), 6))
 
 
@@ -442,8 +492,8 @@ def bonferroni_z(z: float, looks: int) -> float:
     candidates is then no likelier by chance than confirming one."""
     if looks <= 1:
         return z
-    normal = _stats().norm
-    return float(normal.isf(normal.sf(z) / looks))
+    special = _special()
+    return float(-special.ndtri(special.ndtr(-z) / looks))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -468,7 +518,7 @@ def paired_check(
     if sd <= 1e-12 * max(abs(mean), scale):  # equal differences up to rounding
         sd = 0.0
     t = ratio(better, sd / math.sqrt(n))
-    p = 2.0 * float(_stats().t.sf(abs(t), n - 1)) if not math.isnan(t) else math.nan
+    p = 2.0 * float(_special().stdtr(n - 1, -abs(t))) if not math.isnan(t) else math.nan
     return {
         "n": n,
         "seeds": seeds,
@@ -592,15 +642,24 @@ def _json_safe(obj: Any) -> Any:
 
 @dataclass(frozen=True)
 class Threshold:
-    """The z an effect must clear, and how it was reached (for the reason line)."""
+    """The z an effect must clear to confirm, the z of the reject side's interval, and how
+    they were reached (for the reason line)."""
 
     z_needed: float
+    z_reject: float
     z_confirm: float
-    """z_confirm after the multiple-looks correction, before the small-sample one."""
+    """The confirm side's z after the looks corrections, before the small-sample one."""
     df: float
     looks: int = 1
     z_table: float = 2.0
     """The table's z_confirm."""
+    round: int = 1
+    rounds: int = 1
+    spending: str = ""
+
+    @property
+    def final(self) -> bool:
+        return self.round >= self.rounds
 
     def describe(self) -> str:
         text = f"{self.z_needed:.2g}σ noise"
@@ -611,14 +670,38 @@ class Threshold:
                 f"; Bonferroni: best of {self.looks} trials, z {self.z_table:g} -> "
                 f"{self.z_confirm:.3g}"
             )
+        if self.rounds > 1:
+            text += f"; round {self.round} of {self.rounds}, {self.spending} spending"
         return text
 
+    def describe_reject(self) -> str:
+        if self.z_reject == self.z_needed:
+            return self.describe()
+        return f"{self.z_reject:.2g}σ noise (round {self.round} of {self.rounds})"
 
-def confirm_threshold(df: float, looks: int, params: VerdictParams) -> Threshold:
-    """z_confirm, raised for `looks` candidates (Bonferroni) and for few seeds (Student t)."""
+
+def confirm_threshold(
+    df: float, looks: int, params: VerdictParams, design: Design | None = None, look: int = 0
+) -> Threshold:
+    """z_confirm, raised for `looks` candidates (Bonferroni) and for few seeds (Student t); in
+    a sequential design, the boundaries of its look `look` (0-based; diag/sequential.py)."""
     z_confirm = bonferroni_z(params.z_confirm, looks)
-    z_needed = z_threshold(z_confirm, df, params.small_sample)
-    return Threshold(z_needed, z_confirm, df, looks, params.z_confirm)
+    if design is None or len(design.seeds) == 1:
+        z_needed = z_threshold(z_confirm, df, params.small_sample)
+        return Threshold(z_needed, z_needed, z_confirm, df, looks, params.z_confirm)
+    z_confirm = design.confirm_z(look)
+    z_reject = design.reject_z(look)
+    return Threshold(
+        z_needed=z_threshold(z_confirm, df, params.small_sample),
+        z_reject=z_threshold(z_reject, df, params.small_sample),
+        z_confirm=z_confirm,
+        df=df,
+        looks=looks,
+        z_table=params.z_confirm,
+        round=look + 1,
+        rounds=len(design.seeds),
+        spending=design.confirm_spending.replace("_", "-").replace("obrien", "O'Brien"),
+    )
 
 
 def seeds_needed(
@@ -674,11 +757,12 @@ def decision(
     n_b: int,
     n_t: int,
 ) -> Decision:
-    """Step 6: the status from the numbers of steps 2-5 (rule: module docstring)."""
+    """Step 6: the status from the numbers of steps 2-5 (rule: module docstring). Before the
+    last round of a sequential design, `inconclusive` means: run the next round."""
     text = summary(spec.metric, result)
-    noise_text = threshold.describe()
     min_effect = _pct(spec.min_effect)
-    bound = threshold.z_needed * result.noise
+    confirm_bound = threshold.z_needed * result.noise
+    reject_bound = threshold.z_reject * result.noise
     regressed = [g for g in guards if g["regressed"]]
     if regressed:
         reason = "; ".join(
@@ -686,33 +770,45 @@ def decision(
             for g in regressed
         )
         return Decision("rejected", f"{reason}; primary {text}")
-    if result.effect < -bound:
-        return Decision("rejected", f"{text}: worse than baseline beyond {noise_text}")
-    if result.effect + bound < spec.min_effect:
-        upper = _pct(result.effect + bound)
+    if result.effect < -reject_bound:
+        return Decision(
+            "rejected", f"{text}: worse than baseline beyond {threshold.describe_reject()}"
+        )
+    if result.effect + reject_bound < spec.min_effect:
+        upper = _pct(result.effect + reject_bound)
         return Decision(
             "rejected",
-            f"{text}: improvement at most {upper} at {noise_text}, below min effect {min_effect}",
+            f"{text}: improvement at most {upper} at {threshold.describe_reject()}, below min "
+            f"effect {min_effect}",
         )
-    if result.effect > spec.min_effect and result.effect > bound:
+    more = seeds_needed(result, spec, params, n_b, n_t) if threshold.final else "the next round"
+    if result.effect > spec.min_effect and result.effect > confirm_bound:
         if paired is not None and paired["available"] and not paired["agrees"]:
             return Decision(
                 "inconclusive",
-                f"{text}: beyond min effect {min_effect} and {noise_text}, but the paired "
-                f"comparison over {paired['n']} common seeds disagrees in sign "
+                f"{text}: beyond min effect {min_effect} and {threshold.describe()}, but the "
+                f"paired comparison over {paired['n']} common seeds disagrees in sign "
                 f"(t={_zs(paired['t'])})",
-                "rerun with the same seeds on both sides; "
-                + seeds_needed(result, spec, params, n_b, n_t),
+                "rerun with the same seeds on both sides; " + more,
             )
-        reason = f"{text} beyond min effect {min_effect} and {noise_text}"
+        reason = f"{text} beyond min effect {min_effect} and {threshold.describe()}"
         if paired is not None and paired["available"]:
             reason += f"; paired over {paired['n']} seeds t={_zs(paired['t'])}"
         return Decision("confirmed", reason)
-    if result.effect <= bound:
-        why = f"within {noise_text}"
+    if result.effect <= confirm_bound:
+        why = f"within {threshold.describe()}"
     else:
         why = f"beyond noise but below min effect {min_effect}, which it may still reach"
-    return Decision("inconclusive", f"{text}: {why}", seeds_needed(result, spec, params, n_b, n_t))
+    return Decision("inconclusive", f"{text}: {why}", more)
+
+
+def no_effect(result: Contrast, spec: MetricSpec, n_t: int) -> Decision:
+    """A test whose curves equal the baseline's: the change does nothing to this metric."""
+    return Decision(
+        "rejected",
+        f"no effect (identical to baseline): {spec.metric} of every test seed ({n_t}) equals "
+        f"the baseline seed's at every logged step ({_num(result.mean_b)})",
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -830,6 +926,7 @@ def compare(
     diverged: bool = False,
     baseline_diverged: Sequence[int] = (),
     looks: int = 1,
+    design: Design | None = None,
     params: VerdictParams | None = None,
 ) -> Verdict:
     """The verdict on `test` against `baseline` for the `primary` metric (rule: module docstring).
@@ -841,6 +938,8 @@ def compare(
     `baseline_diverged` names baseline seeds that diverged, e.g. before their first point.
     `looks` > 1: `test` is the best of that many tried (a sweep); z_confirm is raised to keep the
     family-wise false-confirmation rate at one look's (Bonferroni, bonferroni_z).
+    `design`: the test's sequential design (diag/sequential.py); the look is the one taken with
+    the test's seed count. None: the fixed-k rule, one look.
     `params` overrides the table (default: diag/tables/verdict.yaml).
     """
     params = params or load_params()
@@ -863,11 +962,16 @@ def compare(
     base_values = matched_values(baseline, tokens, window, primary.metric, "baseline")
     test_values = matched_values(test, tokens, window, primary.metric, "test")
     result = contrast(primary, base_values, test_values, params)
-    threshold = confirm_threshold(result.df, looks, params)
+    n_b, n_t = len(base_values), len(test_values)
+    look = design.look_at(n_t) if design is not None else 0
+    threshold = confirm_threshold(result.df, looks, params, design, look)
     paired = paired_check(primary, base_values, test_values, result.scale, params)
     guard_results = guard_rows(guards, baseline_guards, test_guards, tokens, params)
-    n_b, n_t = len(base_values), len(test_values)
-    outcome = decision(result, primary, threshold, paired, guard_results, params, n_b, n_t)
+    identical = identical_curves(baseline, test)
+    if identical:
+        outcome = no_effect(result, primary, n_t)
+    else:
+        outcome = decision(result, primary, threshold, paired, guard_results, params, n_b, n_t)
     reason = outcome.reason
     if result.assumed:
         reason += (
@@ -895,6 +999,11 @@ def compare(
         looks=looks,
         baseline_sigma=result.sigma_b,
         test_sigma=result.sigma_t,
+        z_reject=threshold.z_reject,
+        round=threshold.round,
+        rounds=threshold.rounds,
+        final=threshold.final,
+        identical=identical,
     )
 
 
@@ -931,18 +1040,19 @@ def marks_to_judge(baseline: Runs, partial_test: Runs, start: float) -> list[int
 
 @dataclass(frozen=True)
 class MarkCheck:
-    """How much worse the test is at one mark, against the early threshold there."""
+    """How much worse the test is at one mark, against the reject boundary there."""
 
     mark: int
-    mean_b: float
-    mean_t: float
-    worse: float
-    """Relative amount by which the test is worse (direction-aware; negative = better)."""
-    rel_sigma: float
-    """Per-seed sigma relative to |baseline mean|."""
+    result: Contrast
+    z_reject: float
+    """The reject side's z at this look, t-corrected at the mark's degrees of freedom."""
     margin: float
     """Relative margin for the budget still to run: floor + slack (1 - f)."""
-    hit: bool
+
+    @property
+    def hit(self) -> bool:
+        """Even the upper end of the improvement's interval is below -margin."""
+        return self.result.effect + self.z_reject * self.result.noise < -self.margin
 
 
 def worse_at_mark(
@@ -952,37 +1062,34 @@ def worse_at_mark(
     mark: int,
     budget: int,
     params: VerdictParams,
+    design: Design | None,
 ) -> MarkCheck | None:
-    """Is the test worse than the baseline band at this mark? (None: a run has no value yet)"""
+    """The reject side's interval at one mark (None: a run has no value there yet)."""
     window = window_for(primary, params)
-    base = [matched_value(points, mark, window) for points in baseline.values()]
-    test = [matched_value(points, mark, window) for points in partial_test.values()]
-    if any(value is None for value in base + test):
+    base = {s: matched_value(points, mark, window) for s, points in baseline.items()}
+    test = {s: matched_value(points, mark, window) for s, points in partial_test.items()}
+    if any(value is None for value in [*base.values(), *test.values()]):
         return None
-    mean_b, mean_t = float(np.mean(base)), float(np.mean(test))
-    scale = abs(mean_b) or 1.0
-    sigmas = [sample_sigma(values) for values in (base, test) if len(values) >= 2]
-    sigma = max(sigmas) if sigmas else params.single_seed_sigma * scale
-    worse = -better_sign(primary) * (mean_t - mean_b) / scale
-    rel_sigma = sigma / scale
+    result = contrast(primary, base, test, params)
+    look = design.look_at(len(test)) if design is not None else 0
+    z_reject = confirm_threshold(result.df, 1, params, design, look).z_reject
     margin = params.early.floor + params.early.slack * (1.0 - min(1.0, mark / budget))
-    hit = worse > params.early.z * rel_sigma + margin
-    return MarkCheck(mark, mean_b, mean_t, worse, rel_sigma, margin, hit)
+    return MarkCheck(mark, result, z_reject, margin)
 
 
 def early_stop(check: MarkCheck, primary: MetricSpec, budget: int, params: VerdictParams):
-    z = check.worse / check.rel_sigma if check.rel_sigma > 0 else math.inf
-    early = params.early
+    result = check.result
+    change = result.effect_abs / result.scale
     return EarlyStop(
         tokens=check.mark,
         reason=(
             f"{primary.metric} at {check.mark:,} tokens ({check.mark / budget:.0%} of the "
-            f"budget): {_num(check.mean_t)} vs baseline {_num(check.mean_b)} "
-            f"({_pct(-better_sign(primary) * check.worse, signed=True)}), worse by {z:.1f}σ of "
-            f"seed noise (> {early.z:g}σ + {_pct(check.margin)}) at {early.consecutive} "
+            f"budget): {_num(result.mean_t)} vs baseline {_num(result.mean_b)} "
+            f"({_pct(change, signed=True)}), worse by {_zs(-result.z)}σ of noise "
+            f"(> {check.z_reject:.2g}σ + {_pct(check.margin)}) at {params.early.consecutive} "
             "consecutive marks"
         ),
-        z=z,
+        z=-result.z,
         budget_tokens=budget,
     )
 
@@ -995,6 +1102,7 @@ def early_reject(
     *,
     diverged: bool = False,
     min_frac: float | None = None,
+    design: Design | None = None,
     params: VerdictParams | None = None,
 ) -> EarlyStop | None:
     """Stop a running test that is clearly worse than the baseline (rule: module docstring).
@@ -1003,7 +1111,9 @@ def early_reject(
     <= each mark) up to the latest one every run reached, and returns the FIRST mark at which
     the rule held at `early.consecutive` consecutive marks: called on every new mark, that is
     the mark just reached. None: keep running. `min_frac` overrides early.min_frac (pass ~1 for
-    hypotheses whose gain only shows at the end, e.g. schedule changes)."""
+    hypotheses whose gain only shows at the end, e.g. schedule changes). `design`: the test's
+    sequential design, whose reject boundary at the current round is the one applied (None:
+    the fixed-k rule's)."""
     params = params or load_params()
     if budget_tokens <= 0:
         raise ValueError(f"early_reject: budget_tokens must be > 0, got {budget_tokens}")
@@ -1015,7 +1125,7 @@ def early_reject(
     start = (params.early.min_frac if min_frac is None else min_frac) * budget_tokens
     streak = 0
     for mark in marks_to_judge(baseline, partial_test, start):
-        check = worse_at_mark(baseline, partial_test, primary, mark, budget_tokens, params)
+        check = worse_at_mark(baseline, partial_test, primary, mark, budget_tokens, params, design)
         streak = streak + 1 if check is not None and check.hit else 0
         if streak >= params.early.consecutive:
             return early_stop(check, primary, budget_tokens, params)

@@ -105,7 +105,9 @@ def test_notifier_failures_are_reported_not_raised(tmp_path):
 def test_verdicts_strikes_escalation_and_reset(store, low_lr, workdir, webhook, monkeypatch):
     url, received = webhook
     monkeypatch.setenv("HYPRUN_NOTIFY_URL", url)
-    better = controller.test(store, "low-lr", ["optim.lr=*100"], WHY)  # the planted fault's fix
+    # the planted fault's fix; --max-seeds 2: the fixed rule at the baseline's 2 seeds (rounds
+    # of seeds are tests/test_rounds.py's subject; one look keeps this test's jobs to two)
+    better = controller.test(store, "low-lr", ["optim.lr=*100"], WHY, max_seeds=2)
     assert better.exit_code == 0 and better.verdict["status"] == "confirmed", better.verdict
     assert better.verdict["effect"] > 0.01 and not better.verdict.get("early")
     with pytest.raises(BadInput, match="tested already as H1: confirmed"):
@@ -235,7 +237,8 @@ def test_parallel_claims_never_exceed_the_strikes_left(store, low_lr):
 
 
 def test_verify_promotes_the_fix_to_the_baseline(store, low_lr):
-    assert controller.test(store, "low-lr", ["optim.lr=*100"], WHY).verdict["status"] == "confirmed"
+    fixed = controller.test(store, "low-lr", ["optim.lr=*100"], WHY, max_seeds=2)
+    assert fixed.verdict["status"] == "confirmed"
     controller.verify(store, "low-lr", None, promote=True)
     state = store.refresh(low_lr)
     assert state.baseline["overrides"][-1] == "optim.lr=0.001"

@@ -195,7 +195,12 @@ def _investigation(store: Store, out: Path) -> tuple[Store, State, Path]:
             "test_value": 124.0,
             "tokens": 4096,
         },
-        {"hyprun.claimed": "25% faster", "hyprun.card": "fp16"},
+        {
+            "hyprun.claimed": "25% faster",
+            "hyprun.card": "fp16",
+            "hyprun.seeds": "2",
+            "hyprun.stopped": "decided in round 1",
+        },
     )
     for seed in (0, 1):
         seed_run(store, h1, seed, 5.0, primary="perf/tokens_per_s")
@@ -262,19 +267,21 @@ def test_the_report_holds_every_section_with_the_tests_numbers(report):
     assert rows["| H1"] == (
         "| H1 | `ds=fp16` | confirmed | perf/tokens_per_s +24% ± 0.3% (better, 8.0σ) | "
         "25% faster | perf/tokens_per_s 100 → 124 at 4,096 tokens | 8,192 | "
-        "0 (0%) |"
+        "0 (0%) | 2 | decided in round 1 |"
     )
     assert rows["| H2"] == (
         "| H2 | `optim.lr=1e-7` | rejected | — | — | stopped at 2,048 tokens "
-        "(z 9.5) | 2,048 | 6,144 (75%) |"
+        "(z 9.5) | 2,048 | 6,144 (75%) | 1 | rejected early |"
     )
     # A sweep of 2 trials x 2 seeds: one trial pruned after 1,024 tokens, the best ran out.
     assert rows["| H3"].startswith(
         "| H3 | `optim.lr=choice(1e-4, 3e-3) → optim.lr=0.003` | "
         "confirmed | eval/loss \u22125% ± 1% (better, 5.0σ) |"
     )
-    assert rows["| H3"].endswith("| 9,216 | 7,168 (44%) |")
-    assert rows["| H4"] == "| H4 | `model.norm=rmsnorm` | running | — | — | — | 0 | 0 (0%) |"
+    assert rows["| H3"].endswith("| 9,216 | 7,168 (44%) | — | — |")
+    assert rows["| H4"] == (
+        "| H4 | `model.norm=rmsnorm` | running | — | — | — | 0 | 0 (0%) | — | — |"
+    )
     assert "- **Tokens on tests**: 19,456 spent, 13,312 saved" in md
     assert '- **H2**: I think <b>the LR</b> is "off" \\| because & flat → rejected early' in md
 

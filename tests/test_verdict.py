@@ -226,9 +226,20 @@ def test_inconclusive_says_how_many_seeds_would_decide():
     plain = dataclasses.replace(PARAMS, small_sample=False)
     v = compare(runs(BASE3), runs({0: 2.97, 1: 3.00, 2: 2.94}), LOSS, params=plain)
     assert v.status == "inconclusive" and v.decide.startswith("about 8 seeds per side")
-    # no effect and no min effect: nothing to separate
-    v = compare(runs(BASE3), runs(BASE3), MetricSpec("eval/loss", "min"))
+    # no effect and no min effect: nothing to separate (the same values on other seeds)
+    v = compare(runs(BASE3), runs({0: 3.03, 1: 2.97, 2: 3.00}), MetricSpec("eval/loss", "min"))
     assert v.status == "inconclusive" and "set a min_effect" in v.decide
+
+
+def test_curves_identical_to_the_baseline_are_no_effect_not_noise():
+    # A change that does nothing to the computation: every seed's curve, bit for bit.
+    v = compare(runs(BASE3), runs(BASE3), MetricSpec("eval/loss", "min"))
+    assert v.status == "rejected" and v.identical and v.effect == 0.0
+    assert v.reason.startswith("no effect (identical to baseline)")
+    # the same values with one bit off are a measurement again, not a no-op
+    nudged = runs({0: 3.00, 1: 3.03, 2: math.nextafter(2.97, 3.0)})
+    v = compare(runs(BASE3), nudged, MetricSpec("eval/loss", "min"))
+    assert not v.identical and v.status == "inconclusive"
 
 
 def test_single_baseline_seed_uses_the_floor_and_says_so():
@@ -399,7 +410,7 @@ def test_early_reject_incremental_calls_stop_at_the_same_mark():
         if first:
             break
     assert isinstance(first, EarlyStop) and first.tokens == full.tokens == 143_360
-    assert first.z > PARAMS.early.z and "2 consecutive marks" in first.reason
+    assert first.z > PARAMS.z_confirm and "2 consecutive marks" in first.reason
     assert first.to_dict()["saved"] == pytest.approx(0.65)
 
 
@@ -435,7 +446,11 @@ def test_early_reject_stops_a_diverged_run_at_once():
 
 def test_table_loads_and_rejects_unknown_keys(tmp_path):
     assert TABLE.name == "verdict.yaml"
-    assert PARAMS.z_confirm == 2.0 and PARAMS.early.z == 4.0 and PARAMS.windows == {"perf/": 0.25}
+    assert (
+        PARAMS.z_confirm == 2.0
+        and PARAMS.early.min_frac == 0.3
+        and PARAMS.windows == {"perf/": 0.25}
+    )
     bad = tmp_path / "verdict.yaml"
     bad.write_text("verdict:\n  z_confrim: 3\n")
     with pytest.raises(ValueError, match="unknown key verdict.z_confrim"):

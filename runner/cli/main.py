@@ -145,8 +145,9 @@ def cmd_test(args: argparse.Namespace) -> int:
     """Test one hypothesis (a card id or overrides changing one variable) against the baseline."""
     from runner.control.controller import test
 
+    store = _store(experiment=args.experiment)
     return test(
-        _store(experiment=args.experiment), args.investigation, args.hypothesis, args.why
+        store, args.investigation, args.hypothesis, args.why, args.max_seeds, args.max_tokens
     ).exit_code
 
 
@@ -175,6 +176,9 @@ def cmd_status(args: argparse.Namespace) -> int:
             "card": t.card,
             "verdict": t.verdict,
             "effect": t.tags.get("hyprun.effect", ""),
+            "seeds": t.tags.get("hyprun.seeds", ""),
+            "stopped": t.tags.get("hyprun.stopped", "")
+            or (f"round {t.tags['hyprun.round']}" if "hyprun.round" in t.tags else ""),
             "reason": t.tags.get("hyprun.reason", ""),
             "run_id": t.run_id,
             "slurm": jobs.get(t.run_id, {}),
@@ -194,12 +198,13 @@ def cmd_status(args: argparse.Namespace) -> int:
         return 0
     title = f"{state.name}: {state.strikes} strike(s)" + (" — escalated" if state.escalated else "")
     table = Table(title=title, title_justify="left")
-    columns = ["test", "delta", "verdict", "effect", "reason"] + (["slurm"] if jobs else [])
+    columns = ["test", "delta", "verdict", "effect", "seeds", "stopped", "reason"]
+    columns += ["slurm"] if jobs else []
     for column in columns:
         table.add_column(column, overflow="fold")
     for row in rows:
         slurm = " ".join(f"{job}:{state}" for job, state in row["slurm"].items())
-        cells = [row["test"], row["delta"], row["verdict"], row["effect"], row["reason"]]
+        cells = [row[column] for column in columns if column != "slurm"]
         table.add_row(*cells, *([slurm] if jobs else []))
     Console(highlight=False).print(table)
     return 0
@@ -296,6 +301,19 @@ def parser() -> argparse.ArgumentParser:
     )
     commands["test"].add_argument("hypothesis", nargs="+", help="a card id, or overrides")
     commands["test"].add_argument("--why", required=True, help="I think [cause] because [evidence]")
+    commands["test"].add_argument(
+        "--max-seeds",
+        type=int,
+        help="seeds per side an undecided test may grow to, in rounds (default: verdict.yaml "
+        "sequential.max_seeds; the baseline's count: one look, the fixed-k rule)",
+    )
+    commands["test"].add_argument(
+        "--max-tokens",
+        type=int,
+        default=0,
+        help="training tokens the test may spend on its seeds and added baseline seeds "
+        "(default 0: no cap)",
+    )
     sweep = commands["sweep"]
     sweep.add_argument(
         "sweep",

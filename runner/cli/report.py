@@ -46,6 +46,8 @@ HYPOTHESIS_HEAD = [
     "measured",
     "tokens spent",
     "tokens saved",
+    "seeds per side",
+    "why it stopped",
 ]
 STATUS_ORDER = {"fail": 0, "warn": 1, "pass": 2, "skip": 3}
 NOISE = ("eval/loss", "train/loss", "perf/tokens_per_s")
@@ -267,6 +269,8 @@ def _test_row(store: Store, test: Test, budget: int | None, baseline: dict | Non
         _measured(verdict),
         f"{spent:,}",
         f"{saved:,} ({saved / planned:.0%})" if planned else "0",
+        test.tags.get("hyprun.seeds") or str(len(store.seed_runs(test.run_id)) or "—"),
+        test.tags.get("hyprun.stopped") or ("rejected early" if verdict.get("early") else "—"),
     ]
     primary = verdict.get("metric") or "eval/loss"
     return TestRow(row, test.tags.get("hyprun.reason", ""), spent, saved, primary)

@@ -29,7 +29,8 @@ from rich.console import Console
 
 from diag.effect import change, describe, metric_key
 from diag.metric import MetricSpec
-from diag.verdict import compare, early_reject
+from diag.sequential import Design, plan
+from diag.verdict import compare, early_reject, load_params
 from hypotheses.schema import Card, load_cards
 from runner import markdown, provenance
 from runner.compose import compose
@@ -52,7 +53,14 @@ from runner.launch.launchers import (
     safe_name,
     split,
 )
-from runner.store.investigation import STRIKES, State, Store, Test
+from runner.store.investigation import (
+    STRIKES,
+    State,
+    Store,
+    Test,
+    baseline_claim_key,
+    baseline_seed_key,
+)
 
 EXIT_ESCALATED = 3
 DEFAULT_PRIMARY = MetricSpec("eval/loss", "min", 0.01)
@@ -343,14 +351,24 @@ def refusals_as_outcomes(command: Callable[..., Outcome]) -> Callable[..., Outco
 
 
 @refusals_as_outcomes
-def test(store: Store, name: str | None, argument: list[str], why: str) -> Outcome:
-    """Test one hypothesis against the investigation's baseline."""
+def test(
+    store: Store,
+    name: str | None,
+    argument: list[str],
+    why: str,
+    max_seeds: int | None = None,
+    max_tokens: int = 0,
+) -> Outcome:
+    """Test one hypothesis against the investigation's baseline, in rounds of seeds until it is
+    decided or a cap is reached (`max_seeds` per side, `max_tokens` trained by the test; None
+    and 0: the table's seed cap, no token cap)."""
     state = open_test(store, name, why)
     argument, launcher_overrides = split(argument)
     card, overrides = choose(argument, load_cards())
     baseline_overrides = state.baseline["overrides"]
     app = app_of(state)
     delta = measure(baseline_overrides, overrides, app)
+    design, cap = test_design(store, state, max_seeds, max_tokens)
     launcher = where_tests_run(state, launcher_overrides, f"H{len(state.tests) + 1}")
     earlier = state.tested(list(delta.overrides))
     if earlier is not None and orphaned(earlier):  # the same command again, after a crash
@@ -362,35 +380,221 @@ def test(store: Store, name: str | None, argument: list[str], why: str) -> Outco
         refuse_repeat(state, list(delta.overrides))
         test_run, number = claim(store, state, delta, card, why)
 
+    label = f"H{number} {delta.describe()}"
     primary = card.primary if card else DEFAULT_PRIMARY
     guards = list(card.guards) if card else []
     if app is not None:  # the app's declared metric stands in for our eval/loss
         primary = app.metric(card.primary if card else None)
         guards = [app.metric(g) for g in guards]
-    watch = EarlyRejection(store, state, primary)
-    configs = seed_configs(store, state, delta.overrides, test_run, f"H{number}", delta.variable)
-    done = finished_seeds(store, test_run)  # a resumed test does not rerun finished seeds
-    for seed in done:
-        watch.partial[seed] = store.history(done[seed].run_id, primary.metric)
-    jobs = [
-        Job(cfg, watch.for_seed(seed, budget_of(cfg)))
-        for seed, cfg in enumerate(configs)
-        if seed not in done
-    ]
     try:
-        results = [*done.values(), *run_jobs(store, test_run, launcher, jobs)]
-    except Exception as error:  # infrastructure, not evidence: no strike
-        return record_error(store, test_run, f"H{number} {delta.describe()}", error)
-
-    try:
-        if watch.stop is not None:
-            verdict = watch.verdict(results, state.baseline["seeds"])
-        else:
-            verdict = decide(store, state, results, primary, guards)
+        verdict = in_rounds(
+            store, state, test_run, label, delta, launcher, (design, cap), primary, guards
+        )
     except ValueError as error:  # e.g. a baseline seed with no points: no comparison, no strike
-        return record_error(store, test_run, f"H{number} {delta.describe()}", error)
+        return record_error(store, test_run, label, error)
+    except Exception as error:  # infrastructure, not evidence: no strike
+        return record_error(store, test_run, label, error)
     extra = {"hyprun.claimed": card.claimed.effect} if card and card.claimed else {}
-    return record_verdict(store, state, test_run, f"H{number} {delta.describe()}", verdict, extra)
+    return record_verdict(store, state, test_run, label, verdict, extra)
+
+
+def test_design(
+    store: Store, state: State, max_seeds: int | None, max_tokens: int
+) -> tuple[Design, str]:
+    """The test's looks: from the baseline's seed count up to the seed cap, in rounds, as far
+    as the token cap reaches (diag/sequential.py), and which cap ends it. Bad caps are refused
+    before anything runs."""
+    params = load_params()
+    rule = params.sequential
+    start = state.baseline["seeds"]
+    cap = rule.max_seeds if max_seeds is None else max_seeds
+    if cap < 1:
+        raise BadInput(f"--max-seeds {cap}: a test needs at least 1 seed per side")
+    if max_tokens < 0:
+        raise BadInput(f"--max-tokens {max_tokens}: give a positive token count (0: no cap)")
+    # one seed's budget, from a job config that is built, never run (an app's own steps too)
+    probe = job_config(store, state.baseline["overrides"], 0, state.run_id, "", {}, app_of(state))
+    budget = budget_of(probe)
+    if max_tokens and max_tokens < start * budget:
+        raise BadInput(
+            f"--max-tokens {max_tokens:,} is below one round of {start} seeds x {budget:,} "
+            f"tokens: give at least {start * budget:,}"
+        )
+    design = plan(
+        start,
+        max(start, cap),
+        params.alpha,
+        round_seeds=rule.round_seeds,
+        tokens_per_seed=budget,
+        max_tokens=max_tokens,
+        confirm_spending=rule.confirm_spending,
+        reject_spending=rule.reject_spending,
+    )
+    if design.max_seeds < max(start, cap):
+        return design, f"token cap ({max_tokens:,} tokens: {design.max_seeds} seeds per side)"
+    if len(design.seeds) == 1:
+        return design, f"seed cap ({design.max_seeds} per side: the fixed-k rule)"
+    return design, f"seed cap ({design.max_seeds} per side)"
+
+
+def in_rounds(
+    store: Store,
+    state: State,
+    test_run: str,
+    label: str,
+    delta: Delta,
+    launcher: InProcess | Slurm,
+    designed: tuple[Design, str],
+    primary: MetricSpec,
+    guards: list[MetricSpec],
+) -> dict[str, Any]:
+    """Run the design's rounds until a look decides (diag/sequential.py): each round trains the
+    test's missing seeds and the baseline seeds nobody recorded yet, as one job array. A test
+    resumed after a crash replays its looks on the seeds already recorded (same data, same
+    decisions) and goes on where it stopped. `designed`: the design and the cap that ends it."""
+    design, cap = designed
+    watch = EarlyRejection(store, primary)
+    done = finished_seeds(store, test_run)  # a resumed test does not rerun finished seeds
+    spent = {"test": sum(r.tokens for r in done.values()), "baseline": 0}
+    for look, seeds in enumerate(design.seeds):
+        store.tag(test_run, {"hyprun.round": f"{look + 1}/{len(design.seeds)}"})
+        configs = seed_configs(
+            store, state, delta.overrides, test_run, label.split()[0], delta, seeds
+        )
+        watch.start_round(state, design, [s for s in range(seeds) if state.baseline_run(s)])
+        for seed in done:
+            watch.partial[seed] = store.history(done[seed].run_id, primary.metric)
+        jobs = [
+            Job(configs[seed], watch.for_seed(seed, budget_of(configs[seed])), group="test")
+            for seed in range(seeds)
+            if seed not in done
+        ]
+        state, ran, baseline_tokens = run_round(
+            store, state, test_run, launcher, jobs, seeds, lambda: watch.stop is not None
+        )
+        spent["baseline"] += baseline_tokens
+        spent["test"] += sum(r.tokens for r in ran.values())
+        done.update({s: r for s, r in ran.items() if r.status in ("completed", "diverged")})
+        results = [done[s] if s in done else ran[s] for s in sorted({*done, *ran})]
+        if watch.stop is not None:
+            verdict = watch.verdict(results, seeds)
+            return rounds_taken(verdict, design, look, seeds, spent, "rejected early")
+        baseline_runs = [state.baseline_run(s) for s in range(seeds)]
+        verdict = decide(store, state, results, primary, guards, 1, baseline_runs, design)
+        if verdict["status"] != "inconclusive" or verdict["final"]:
+            return rounds_taken(
+                verdict, design, look, seeds, spent, stop_reason(verdict, look, cap)
+            )
+        console.print(
+            f"{label}: inconclusive with {seeds} seeds per side; round {look + 2} of "
+            f"{len(design.seeds)} adds seeds up to {design.seeds[look + 1]}"
+        )
+    raise AssertionError("the last look of a design is final")  # unreachable
+
+
+def rounds_taken(
+    verdict: dict[str, Any],
+    design: Design,
+    look: int,
+    seeds: int,
+    spent: dict[str, int],
+    why: str,
+) -> dict[str, Any]:
+    """The verdict with how many seeds it took and why the test stopped there."""
+    return {
+        **verdict,
+        "seeds": seeds,
+        "rounds_run": look + 1,
+        "rounds_planned": len(design.seeds),
+        "stopped": why,
+        "tokens_spent": spent["test"],
+        "baseline_tokens_added": spent["baseline"],
+    }
+
+
+def stop_reason(verdict: dict[str, Any], look: int, cap: str) -> str:
+    """Why the sequence ended where it did, in a few words."""
+    if verdict.get("identical"):
+        return "no effect: identical to baseline"
+    if verdict["status"] != "inconclusive":
+        return f"decided in round {look + 1}"
+    return cap
+
+
+def run_round(
+    store: Store,
+    state: State,
+    test_run: str,
+    launcher: InProcess | Slurm,
+    test_jobs: list[Job],
+    seeds: int,
+    stopped: Callable[[], bool],
+) -> tuple[State, dict[int, JobResult], int]:
+    """One round as one job array: the test's jobs, and the baseline seeds below `seeds` that
+    this controller claimed (others' claims are waited for: tests running at once share the
+    added baseline seeds). Returns the refreshed state, {seed: result} of the test's jobs and
+    the tokens of the baseline jobs run here."""
+    ran: dict[int, JobResult] = {}
+    baseline_tokens = 0
+    while True:
+        missing = [s for s in range(seeds) if state.baseline_run(s) is None]
+        mine = [s for s in missing if claim_baseline_seed(store, state, s)]
+        jobs = [Job(baseline_seed_config(store, state, s), group="baseline") for s in mine]
+        jobs += test_jobs
+        if jobs:
+            outcomes = launcher.run(jobs, lambda ids: slurm_jobs(store, test_run, ids))
+            failed = [o.reason for o in outcomes if isinstance(o, Failed)]
+            if failed:
+                raise JobsFailed("; ".join(failed))
+            for job, outcome in zip(jobs, outcomes, strict=True):
+                if not isinstance(outcome, JobResult):
+                    continue  # skipped: its group was stopped early
+                if job.group == "baseline":
+                    key = baseline_seed_key(state.baseline["config_hash"], job.seed)
+                    store.once(state.run_id, key, outcome.run_id)
+                    baseline_tokens += outcome.tokens
+                else:
+                    ran[job.seed] = outcome
+        test_jobs = []
+        state = store.refresh(state)
+        if stopped() or all(state.baseline_run(s) is not None for s in range(seeds)):
+            return state, ran, baseline_tokens  # stopped early: the rest is not needed
+        time.sleep(BASELINE_POLL_S)  # another test is recording them
+
+
+BASELINE_POLL_S = 5.0
+
+
+def slurm_jobs(store: Store, run_id: str, ids: list[str]) -> None:
+    """Add a round's Slurm job ids to the run's `slurm.jobs` (status shows their states)."""
+    before = store.run(run_id).data.tags.get("slurm.jobs", "")
+    store.tag(run_id, {"slurm.jobs": ",".join([*filter(None, before.split(",")), *ids])})
+
+
+def claim_baseline_seed(store: Store, state: State, seed: int) -> bool:
+    """Take the job of recording baseline seed `seed` (True), unless another live controller
+    holds it. A claim whose controller died on this host without recording the seed is taken
+    over at the next attempt number; the job then resumes from that controller's checkpoint."""
+    me = f"{controller_id()}:{uuid.uuid4().hex[:8]}"
+    attempt = 0
+    while True:
+        key = baseline_claim_key(state.baseline["config_hash"], seed, attempt)
+        if store.once(state.run_id, key, me):
+            return True
+        holder = store.run(state.run_id).data.params.get(key, "")
+        if not process_gone(holder.rsplit(":", 1)[0]):
+            return False
+        attempt += 1
+
+
+def baseline_seed_config(store: Store, state: State, seed: int) -> DictConfig:
+    """A baseline seed added after `hyprun baseline`: the baseline's config, recorded below the
+    investigation as its other seeds are (the same config whoever runs it, so a takeover
+    resumes the same MLflow run from its checkpoint)."""
+    tags = {"hyprun.role": "baseline", "hyprun.investigation": state.name}
+    name = f"baseline · seed {seed}"
+    overrides = state.baseline["overrides"]
+    return job_config(store, overrides, seed, state.run_id, name, tags, app_of(state))
 
 
 def controller_id() -> str:
@@ -401,8 +605,13 @@ def controller_id() -> str:
 def orphaned(test: Test) -> bool:
     """A test still `running` whose controller process on this host is gone (kill -9, a
     crash, a closed terminal). Another host's controller cannot be checked: not orphaned."""
-    host, _, pid = test.tags.get("hyprun.controller", "").rpartition(":")
-    if test.verdict != "running" or host != socket.gethostname() or not pid.isdigit():
+    return test.verdict == "running" and process_gone(test.tags.get("hyprun.controller", ""))
+
+
+def process_gone(controller: str) -> bool:
+    """Whether the controller `host:pid` is a process of this host that no longer runs."""
+    host, _, pid = controller.rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit():
         return False
     try:
         os.kill(int(pid), 0)
@@ -429,17 +638,19 @@ def seed_configs(
     delta: tuple[str, ...] | list[str],
     parent: str,
     label: str,
-    variable: str,
+    variable: Delta | str,
+    seeds: int | None = None,
 ) -> list[DictConfig]:
-    """The baseline's seeds with `delta` on top, recording below `parent` (tagged so the runs
-    table filters seed runs by variable and delta too)."""
+    """The baseline's seeds (or `seeds` of them) with `delta` on top, recording below `parent`
+    (tagged so the runs table filters seed runs by variable and delta too)."""
     app = app_of(state)
     tags = {
         "hyprun.role": "test-seed",
         "hyprun.investigation": state.name,
-        "hyprun.variable": variable,
+        "hyprun.variable": variable.variable if isinstance(variable, Delta) else variable,
         "hyprun.delta": json.dumps(list(delta)),
     }
+    count = state.baseline["seeds"] if seeds is None else seeds
     return [
         job_config(
             store,
@@ -450,7 +661,7 @@ def seed_configs(
             tags,
             app,
         )
-        for seed in range(state.baseline["seeds"])
+        for seed in range(count)
     ]
 
 
@@ -487,6 +698,13 @@ def aggregates(verdict: dict[str, Any]) -> dict[str, float]:
     }
 
 
+def rounds_tags(verdict: dict[str, Any]) -> dict[str, str]:
+    """How many seeds per side the test took and why it stopped (status and report show them)."""
+    if "seeds" not in verdict:
+        return {}
+    return {"hyprun.seeds": str(verdict["seeds"]), "hyprun.stopped": verdict["stopped"]}
+
+
 def run_name(label: str, verdict: dict[str, Any]) -> str:
     """`H1 optim.lr 1e-05→0.001 · confirmed · eval/loss −3.2% ± 0.2%`: the runs table answers
     which fix worked, by how much and against what noise, without a column added."""
@@ -510,6 +728,7 @@ def record_verdict(
             "hyprun.reason": verdict["reason"],
             "hyprun.effect": describe(verdict),
             "hyprun.early": str(bool(verdict.get("early"))).lower(),
+            **rounds_tags(verdict),
             **extra,
         },
     )
@@ -528,17 +747,25 @@ def record_verdict(
 
 class EarlyRejection:
     """Watches a test's held-out loss as its seeds train; stops the test once it is clearly worse
-    than the baseline band (diag.verdict.early_reject), saving the rest of its tokens."""
+    than the baseline band (diag.verdict.early_reject: the reject side of the round's look),
+    saving the rest of its tokens."""
 
-    def __init__(self, store: Store, state: State, primary: MetricSpec):
+    def __init__(self, store: Store, primary: MetricSpec):
+        self.store = store
         self.primary = primary
         self.enabled = primary.metric == "eval/loss"  # the metric a job reports as it trains
-        self.baseline = (
-            _curves(store, state.baseline["seed_runs"], primary.metric) if self.enabled else {}
-        )
+        self.baseline: dict[int, list[tuple[int, float]]] = {}
         self.partial: dict[int, list[tuple[int, float]]] = {}
+        self.design: Design | None = None
         self.stop = None
         self.budget = 0
+
+    def start_round(self, state: State, design: Design, baseline_seeds: list[int]) -> None:
+        """The baseline seeds recorded when the round starts are the band it is held to."""
+        self.design = design
+        if self.enabled:
+            runs = [state.baseline_run(s) for s in baseline_seeds]
+            self.baseline = _curves(self.store, runs, self.primary.metric)
 
     def for_seed(self, seed: int, budget: int):
         if not self.enabled:
@@ -547,7 +774,9 @@ class EarlyRejection:
 
         def on_eval(tokens: int, value: float) -> bool:
             self.partial.setdefault(seed, []).append((tokens, value))
-            self.stop = early_reject(self.baseline, self.partial, self.primary, budget)
+            self.stop = early_reject(
+                self.baseline, self.partial, self.primary, budget, design=self.design
+            )
             return self.stop is not None
 
         return on_eval
@@ -577,17 +806,21 @@ def decide(
     primary: MetricSpec,
     guards: list[MetricSpec],
     looks: int = 1,
+    baseline_runs: list[str] | None = None,
+    design: Design | None = None,
 ) -> dict[str, Any]:
     """The verdict at matched tokens, from the seed runs' histories in MLflow; `looks`: the
-    test is the best of that many (a sweep)."""
+    test is the best of that many (a sweep); `baseline_runs`: the baseline seeds of this look
+    (default: those recorded with the baseline); `design`: the test's sequential design."""
     metrics = [primary, *guards]
-    base = {m.metric: _curves(store, state.baseline["seed_runs"], m.metric) for m in metrics}
+    baseline_runs = baseline_runs or state.baseline["seed_runs"]
+    base = {m.metric: _curves(store, baseline_runs, m.metric) for m in metrics}
     test_runs = [r.run_id for r in results]
     ours = {m.metric: _curves(store, test_runs, m.metric) for m in metrics}
     diverged = any(r.status == "diverged" for r in results)
     blown = [
         int(run.data.tags.get("hyprun.seed", "0"))
-        for run in map(store.run, state.baseline["seed_runs"])
+        for run in map(store.run, baseline_runs)
         if run.data.tags.get("hyprun.outcome") == "diverged"
     ]
     verdict = compare(
@@ -600,6 +833,7 @@ def decide(
         diverged=diverged,
         baseline_diverged=blown,
         looks=looks,
+        design=design,
     )
     return verdict.to_dict()
 

@@ -28,6 +28,19 @@ NUMBER = "test.H"
 """Parent-run params `test.H1`, `test.H2`, ...: the run id holding each test number."""
 
 
+def baseline_seed_key(config_hash: str, seed: int) -> str:
+    """Parent-run param holding the run id of a baseline seed added after `hyprun baseline`
+    (by a test that needed more seeds). Keyed by the baseline's config hash, so a promoted
+    baseline never inherits the old one's seeds."""
+    return f"baseline.{config_hash}.seed.{seed}"
+
+
+def baseline_claim_key(config_hash: str, seed: int, attempt: int) -> str:
+    """Parent-run param naming who records that seed: the first writer wins (`Store.once`);
+    attempt n+1 is taken only when attempt n's controller died without recording it."""
+    return f"baseline.{config_hash}.claim.{seed}.{attempt}"
+
+
 @dataclass
 class Test:
     """One hypothesis test: a child run of the investigation, its seed jobs below it."""
@@ -68,6 +81,24 @@ class State:
     """{overrides, seeds, config_hash, git_sha, seed_runs}, or None before `hyprun baseline`."""
     tests: list[Test] = field(default_factory=list)
     resets: list[dict[str, Any]] = field(default_factory=list)
+    params: dict[str, str] = field(default_factory=dict)
+    """The parent run's params: test numbers, claims, added baseline seeds."""
+
+    def baseline_run(self, seed: int) -> str | None:
+        """The run of baseline seed `seed`: recorded with the baseline, or added later by a
+        test (None: not recorded yet)."""
+        recorded = self.baseline["seed_runs"]
+        if seed < len(recorded):
+            return recorded[seed]
+        return self.params.get(baseline_seed_key(self.baseline["config_hash"], seed))
+
+    @property
+    def baseline_seeds(self) -> int:
+        """How many baseline seeds are recorded, counting from seed 0 without a gap."""
+        seed = 0
+        while self.baseline_run(seed) is not None:
+            seed += 1
+        return seed
 
     @property
     def counted(self) -> list[Test]:
@@ -185,7 +216,8 @@ class Store:
             (json.loads(v) for k, v in tags.items() if k.startswith("hyprun.reset.")),
             key=lambda r: r["time"],
         )
-        return State(tags[INVESTIGATION], parent.info.run_id, baseline, tests, resets)
+        params = dict(parent.data.params)
+        return State(tags[INVESTIGATION], parent.info.run_id, baseline, tests, resets, params)
 
     def refresh(self, state: State) -> State:
         return self.state(self.reads.get_run(state.run_id))
