@@ -51,17 +51,26 @@ point where the baseline blew up, finite, is confirmed ("removes the divergence"
 baseline seed diverged, and inconclusive when some stayed finite (one seed's divergence flipping
 can be chance).
 
-Early rejection (`early_reject`, for tests still running) stops a test that is clearly worse:
-at marks at or after early.min_frac [30%] of the token budget, the test's seed mean is worse than
-the baseline's at that mark by more than early.z [4] x the per-seed sigma there (the larger of
-the baseline's and the test's sample sigma; the single-seed sigma when neither has two seeds)
-plus a relative margin early.floor [1%] + early.slack [5%] x (1 - f) at budget fraction f (a
-curve that is worse early and better late has the most room to catch up early), at
-early.consecutive [2] consecutive marks. A diverged test is stopped at once. With the defaults
-and marks every 5% of the budget, a +10% loss is stopped at 35% (65% of the budget saved).
-Caveat: a hypothesis whose gain comes only at the end BY CONSTRUCTION (a schedule change such as
-WSD, whose stable phase sits above a cosine baseline until its decay) can trail by more than
-that margin mid-run; pass `min_frac` near 1 (or skip early_reject) for such hypotheses.
+Seeds in rounds. With a sequential `design` (diag/sequential.py) the thresholds of step 6 are
+that look's group-sequential boundaries instead of z_confirm: z_needed on the confirm side, and
+z_reject for the interval whose upper end decides a rejection (with a single look both are
+z_confirm, the rule above). Before the design's last look `inconclusive` means "run the next
+round"; `Verdict.final` says whether one may follow. A test whose every seed's curve equals the
+baseline seed's bit for bit is rejected as "no effect (identical to baseline)" whatever the
+look: the change does nothing to the metric, and more seeds cannot show an effect.
+
+Early rejection (`early_reject`, for tests still running) is the reject side of the round's look
+taken at held-out marks: at marks at or after early.min_frac [30%] of the token budget, the upper
+end of the improvement's interval there, effect + z_reject x noise (the noise of the difference
+of seed means at that mark, z_reject t-corrected at its degrees of freedom), is below
+-(early.floor [1%] + early.slack [5%] x (1 - f)) at budget fraction f (a curve that is worse
+early and better late has the most room to catch up early), at early.consecutive [2]
+consecutive marks. A diverged test is stopped at once. It only ever rejects, so it adds no false
+confirmation, and at f = 1 it is stricter than the look's own reject rule (below -1% rather than
+below min_effect). Caveat: a hypothesis whose gain comes only at the end BY CONSTRUCTION (a
+schedule change such as WSD, whose stable phase sits above a cosine baseline until its decay)
+can trail by more than that margin mid-run; pass `min_frac` near 1 (or skip early_reject) for
+such hypotheses.
 
 Everything here is a pure function over numbers: no tracking, config or training imports.
 """

@@ -60,7 +60,8 @@ def test_two_commands_started_together_cannot_both_take_the_last_strike(mlflow_s
     notices = workdir / "notices.jsonl"
     state = notifying_baseline(store, "last-strike", notices, workdir / "ckpt")
     for factor in ("*0.1", "*0.01"):  # hypotheses that cannot help a too-low LR
-        outcome = controller.test(store, "last-strike", [f"optim.lr={factor}"], WHY)
+        # one look (the fixed rule at the baseline's 2 seeds): strikes are the subject here
+        outcome = controller.test(store, "last-strike", [f"optim.lr={factor}"], WHY, max_seeds=2)
         assert outcome.verdict["status"] == "rejected"
     command = [
         sys.executable,
@@ -71,6 +72,8 @@ def test_two_commands_started_together_cannot_both_take_the_last_strike(mlflow_s
         WHY,
         "--investigation",
         "last-strike",
+        "--max-seeds",
+        "2",
     ]
     env = python_env(MLFLOW_TRACKING_URI=mlflow_server)
     commands = [

@@ -142,7 +142,7 @@ def test_verdicts_strikes_escalation_and_reset(store, low_lr, workdir, webhook, 
         assert seed_run.data.tags["hyprun.role"] == "test-seed"
 
     for factor in ("*0.1", "*0.01", "*0.5"):  # three hypotheses that cannot help
-        outcome = controller.test(store, "low-lr", [f"optim.lr={factor}"], WHY)
+        outcome = controller.test(store, "low-lr", [f"optim.lr={factor}"], WHY, max_seeds=2)
         assert outcome.verdict["status"] == "rejected", outcome.verdict
     state = store.refresh(low_lr)
     assert state.strikes == 3 and state.escalated
@@ -212,7 +212,9 @@ def test_parallel_claims_never_exceed_the_strikes_left(store, low_lr):
     """With one strike left, of four tests launched at once exactly one may run."""
     for factor in ("*0.1", "*0.01"):
         assert (
-            controller.test(store, "low-lr", [f"optim.lr={factor}"], WHY).verdict["status"]
+            controller.test(store, "low-lr", [f"optim.lr={factor}"], WHY, max_seeds=2).verdict[
+                "status"
+            ]
             == "rejected"
         )
     state = store.refresh(low_lr)

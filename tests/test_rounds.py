@@ -6,15 +6,17 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import subprocess
+import sys
 import threading
 
 import pytest
 
 import diag.verdict
-from runner.cli.main import main as hyprun
 from runner.control import controller
 from runner.control.controller import claim_baseline_seed, record_baseline
 from runner.store.investigation import Store
+from tests.helpers import python_env
 
 TINY = ["budget.tokens=8192", "budget.eval_every_tokens=4096", "probes=off"]
 WHY = "I think [cause] because [evidence]"
@@ -43,9 +45,7 @@ def undecidable():
 
 
 @pytest.mark.slow  # 9 training jobs (about 2 min on 2 busy cores): rounds need real seed runs
-def test_rounds_add_shared_baseline_seeds_and_a_no_op_says_so(
-    store, workdir, undecidable, monkeypatch, capsys
-):
+def test_rounds_add_shared_baseline_seeds_and_a_no_op_says_so(store, workdir, undecidable):
     overrides = [*TINY, "optim.lr=1e-3", f"checkpoint.dir={workdir}/ckpt"]
     state = record_baseline(store, "rounds", overrides, seeds=2, why="")
     first = controller.test(store, "rounds", ["optim.lr=*2"], WHY, max_seeds=3)
@@ -76,11 +76,15 @@ def test_rounds_add_shared_baseline_seeds_and_a_no_op_says_so(
     assert noop.verdict["stopped"] == "no effect: identical to baseline"
     assert noop.verdict["seeds"] == 2  # no round was added to a no-op
 
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", store.uri)
-    with pytest.raises(SystemExit):
-        hyprun(["status", "--json", "--investigation", "rounds"])
-    printed = capsys.readouterr()
-    rows = json.loads(printed.out or printed.err)["tests"]
+    status = subprocess.run(
+        [sys.executable, "-m", "runner.cli.main", "status", "--json", "--investigation", "rounds"],
+        env=python_env(MLFLOW_TRACKING_URI=store.uri),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert status.returncode == 0, status.stderr
+    rows = json.loads(status.stdout)["tests"]
     assert [(r["seeds"], r["stopped"]) for r in rows] == [
         ("3", "seed cap (3 per side)"),
         ("3", "seed cap (3 per side)"),

@@ -390,9 +390,7 @@ def test(
         verdict = in_rounds(
             store, state, test_run, label, delta, launcher, (design, cap), primary, guards
         )
-    except ValueError as error:  # e.g. a baseline seed with no points: no comparison, no strike
-        return record_error(store, test_run, label, error)
-    except Exception as error:  # infrastructure, not evidence: no strike
+    except Exception as error:  # jobs failed, or nothing to compare (ValueError): no strike
         return record_error(store, test_run, label, error)
     extra = {"hyprun.claimed": card.claimed.effect} if card and card.claimed else {}
     return record_verdict(store, state, test_run, label, verdict, extra)
@@ -462,8 +460,11 @@ def in_rounds(
             store, state, delta.overrides, test_run, label.split()[0], delta, seeds
         )
         watch.start_round(state, design, [s for s in range(seeds) if state.baseline_run(s)])
-        for seed in done:
-            watch.partial[seed] = store.history(done[seed].run_id, primary.metric)
+        watch.partial = {
+            seed: store.history(result.run_id, primary.metric)
+            for seed, result in done.items()
+            if seed < seeds
+        }
         jobs = [
             Job(configs[seed], watch.for_seed(seed, budget_of(configs[seed])), group="test")
             for seed in range(seeds)
@@ -475,7 +476,8 @@ def in_rounds(
         spent["baseline"] += baseline_tokens
         spent["test"] += sum(r.tokens for r in ran.values())
         done.update({s: r for s, r in ran.items() if r.status in ("completed", "diverged")})
-        results = [done[s] if s in done else ran[s] for s in sorted({*done, *ran})]
+        # this look's seeds only: a resumed test may hold seeds of a later round already
+        results = [done.get(s) or ran[s] for s in range(seeds) if s in done or s in ran]
         if watch.stop is not None:
             verdict = watch.verdict(results, seeds)
             return rounds_taken(verdict, design, look, seeds, spent, "rejected early")
