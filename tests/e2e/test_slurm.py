@@ -93,15 +93,27 @@ def test_baseline_and_test_reach_a_verdict_through_slurm(investigation, mlflow_s
         "I think the LR is low because loss is flat",
         "--investigation",
         NAME,
+        "--max-seeds",
+        "4",
         cwd=folder,
         uri=mlflow_server,
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    test = store.find(NAME).tests[0]
+    state = store.find(NAME)
+    test = state.tests[0]
     assert test.verdict == "confirmed", test.tags.get("hyprun.reason")
+    # 2 seeds a side cannot confirm at the first look (1-2 degrees of freedom): a second
+    # round added test seeds 2-3 and baseline seeds 2-3, as ONE job array
+    assert test.tags["hyprun.seeds"] == "4", test.tags
     jobs = test.tags["slurm.jobs"].split(",")
     runs = store.seed_runs(test.run_id)
-    assert sorted(r.data.tags["slurm.job_id"] for r in runs) == sorted(jobs)
+    added = [store.run(state.baseline_run(seed)) for seed in (2, 3)]
+    assert all(r.data.tags["hyprun.role"] == "baseline" for r in added)
+    assert sorted(r.data.tags["slurm.job_id"] for r in [*runs, *added]) == sorted(jobs)
+    second = [r for r in [*runs, *added] if int(r.data.tags["hyprun.seed"]) >= 2]
+    assert (
+        len(second) == 4 and len({r.data.tags["slurm.job_id"].split("_")[0] for r in second}) == 1
+    )
 
     status = hyprun("status", "--json", "--investigation", NAME, cwd=folder, uri=mlflow_server)
     row = json.loads(status.stdout)["tests"][0]
@@ -181,6 +193,8 @@ def test_requeued_and_time_limited_jobs_resume_and_match_an_uninterrupted_run(
         why,
         "--investigation",
         NAME,
+        "--max-seeds",  # one look: the requeue of the first round's jobs is the subject
+        "2",
         cwd=folder,
         uri=mlflow_server,
         wait=False,
