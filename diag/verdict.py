@@ -104,6 +104,7 @@ TABLE = Path(__file__).parent / "tables" / "verdict.yaml"
 """The shipped thresholds."""
 
 STATUSES = ("confirmed", "rejected", "inconclusive")
+SPENDING_NAMES = {"obrien_fleming": "O'Brien-Fleming", "pocock": "Pocock"}
 
 
 def _special():
@@ -709,7 +710,7 @@ def confirm_threshold(
         z_table=params.z_confirm,
         round=look + 1,
         rounds=len(design.seeds),
-        spending=design.confirm_spending.replace("_", "-").replace("obrien", "O'Brien"),
+        spending=SPENDING_NAMES[design.confirm_spending],
     )
 
 
