@@ -1,4 +1,5 @@
 # Two commands on a fresh machine:  make demo  (the CPU demo)  and  make test  (the test suite).
+# While developing: make test-fast (no Slurm, no browser, no multi-minute jobs; under 3 minutes).
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
@@ -10,8 +11,14 @@ TORCH_SPEC ?= torch==2.13.0
 SLURM ?= slurm/local/up.sh
 # The browser tests need Debian's chromium and chromedriver; `make test BROWSER=` skips them.
 BROWSER ?= tests/e2e/install_chromium.sh
+# pytest-xdist workers, e.g. `make test PARALLEL="-n auto --dist loadgroup"` on a machine with
+# cores to spare (the Slurm and browser tests keep to one worker each: tests/conftest.py).
+# Serial by default: on 2 shared cores -n 2 was not shown to help (README, "Tests").
+PARALLEL ?=
+FAST := -m "not slow and not slurm and not browser"
 
-.PHONY: setup demo test lint bench bench-diagnosis bench-faults clean
+.PHONY: setup demo test test-fast lint bench bench-commands bench-demo bench-diagnosis bench-faults \
+	gpu-check clean
 
 $(BIN)/hyprun: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,13 +34,28 @@ demo: setup
 
 test: setup
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(if $(SLURM),$(SLURM))
 	$(if $(BROWSER),$(BROWSER))
 	HYPRUN_REQUIRE_SLURM=$(if $(SLURM),1,0) HYPRUN_REQUIRE_BROWSER=$(if $(BROWSER),1,0) \
-		$(BIN)/python -m pytest -q tests
+		$(BIN)/python -m pytest -q tests $(PARALLEL) --durations=15
+
+test-fast: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/python -m pytest -q tests $(FAST) $(PARALLEL) --durations=15
 
 bench: setup
-	$(BIN)/python bench/overhead.py
+	$(BIN)/python -m bench.overhead
+
+bench-commands: setup
+	$(BIN)/python -m bench.commands
+
+bench-demo: setup
+	$(BIN)/python -m bench.demo_time
+
+gpu-check: setup
+	PYTHON=$(BIN)/python bash bench/gpu_check.sh
 
 bench-diagnosis: setup
 	$(BIN)/python -m bench.diagnosis

@@ -1,14 +1,22 @@
 """What hyprun's job costs on top of a bare DeepSpeed loop, measured side by side in one run.
 
-    python bench/overhead.py [--steps 200] [--rounds 3] [overrides ...]   # CPU, tiny GPT
-    python bench/overhead.py --mfu            # on a GPU: gpt_1b, bf16 ZeRO-2, report MFU
+    python -m bench.overhead [--steps 60] [--rounds 3] [overrides ...]   # CPU, tiny GPT
 
-Both sides train the same model on the same data with the same DeepSpeed config. The bare loop
-reads a batch from the data source, then `engine(x, y); engine.backward(loss); engine.step()`;
-hyprun's sides are `runner.job.train.run` with its metrics to MLflow and its L1 probes off, at the
-default interval and at every step, timed per step by the job itself (everything inside the
-loop but evaluation and checkpoints). Rounds alternate the two sides so
-that drifts of a shared machine hit both; medians resist the noise of a small shared CPU.
+The bare loop is a fair anchor: the same model, data, loader (runner/job/data/loader.py, with the
+`data.loader` workers, prefetch and pinning the job uses) and DeepSpeed config, then
+`engine(x, y); engine.backward(loss); engine.step()` and one `.item()` per step, as the job's
+loss logging does. hyprun's sides are `runner.job.train.run` with metrics to MLflow and its L1
+probes off, with only the per-step NaN check, at the default interval and at every step.
+
+Each side reports per step: wall time, CPU time of the process (all its threads: the MLflow
+writer, the system-metrics monitor) and CPU time of the training thread. Wall time swings with
+a shared machine's load; CPU time much less, so a ratio means the same on a busy and an idle
+machine. Rounds alternate the sides; a round's figure is its median step, and the table shows
+the median over rounds with the spread (min-max). Ratios are taken within a round (both sides
+saw the same machine), then summarised the same way.
+
+It ends with the NaN check that runs once per optimizer step: a NaN planted in the middle of a
+step must still be caught at that step, with the module that made it named.
 """
 
 from __future__ import annotations
@@ -16,24 +24,55 @@ from __future__ import annotations
 import argparse
 import statistics
 import tempfile
-import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from hydra.utils import instantiate
 from mlflow.tracking import MlflowClient
+from omegaconf import OmegaConf
 
 from runner.compose import compose
 from runner.job import dist as distributed
+from runner.job.data.loader import build_loader
 from runner.job.engine import build_engine
 from runner.job.optim import build_optimizer
-from runner.job.train import run
+from runner.job.train import Clocks, run
 
-PEAK_BF16_FLOPS = {"A100": 312e12, "H100": 989e12, "H200": 989e12}  # dense, per GPU
+WARMUP_STEPS = 5  # dropped from every side: caches, allocator, DeepSpeed's first-step work
+CLOCKS = ("wall", "process", "thread")
+JOB_METRICS = {  # what the job logs per step, by clock
+    "wall": "perf/step_time_s",
+    "process": "perf/process_cpu_s",
+    "thread": "perf/thread_cpu_s",
+    "mfu": "perf/mfu",
+}
 
 
-def bare_loop(cfg) -> list[float]:
-    """Per-step seconds of a plain DeepSpeed loop over the same data."""
+@dataclass(frozen=True)
+class Side:
+    name: str
+    probes: list[str] | None  # overrides of hyprun's job; None: the bare loop
+
+
+SIDES = [
+    Side("bare DeepSpeed loop", None),
+    Side("hyprun, probes off", ["probes=off"]),
+    Side("hyprun, NaN check only", ["probes=off", "probes.nan_check=true"]),
+    Side("hyprun, probes default", ["probes=default"]),
+    Side("hyprun, probes every step", ["probes=every_step"]),
+]
+RATIOS = [  # (numerator, denominator, target or None)
+    ("hyprun, probes off", "bare DeepSpeed loop", 1.03),
+    ("hyprun, NaN check only", "hyprun, probes off", None),
+    ("hyprun, probes default", "hyprun, probes off", 1.02),
+    ("hyprun, probes every step", "hyprun, probes off", 1.15),
+]
+
+
+def bare_loop(cfg) -> dict[str, list[float]]:
+    """Per-step wall, process-CPU and thread-CPU seconds of a plain DeepSpeed loop fed by the
+    job's own loader."""
     dist = distributed.init()
     torch.manual_seed(cfg.budget.seed)
     source = instantiate(cfg.data.source)
@@ -41,29 +80,47 @@ def bare_loop(cfg) -> list[float]:
     optimizer = build_optimizer(model, cfg.optim)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
     engine = build_engine(model, optimizer, scheduler, cfg.ds)
-    rows, accum = cfg.ds.micro_batch, cfg.ds.grad_accum
-    steps = cfg.budget.tokens // (rows * accum * cfg.model.seq_len)
-    times = []
-    for step in range(steps):
-        start = time.perf_counter()
-        for micro in range(accum):
-            x, y = source.train((step * accum + micro) * rows, rows, cfg.budget.data_seed)
-            loss = engine(x.to(dist.device), y.to(dist.device))
+    tokens_per_step = cfg.ds.micro_batch * cfg.ds.grad_accum * dist.world * cfg.model.seq_len
+    steps = cfg.budget.tokens // tokens_per_step
+    loader = build_loader(
+        source,
+        seed=cfg.budget.data_seed,
+        micro_batch=cfg.ds.micro_batch,
+        grad_accum=cfg.ds.grad_accum,
+        rank=dist.rank,
+        world=dist.world,
+        start_step=0,
+        total_steps=steps,
+        **OmegaConf.to_container(cfg.data.loader, resolve=True),
+    )
+    batches = iter(loader)
+    times: dict[str, list[float]] = {clock: [] for clock in CLOCKS}
+    for _ in range(steps):
+        start = Clocks.now()
+        for _ in range(cfg.ds.grad_accum):
+            x, y = (t.to(dist.device, non_blocking=True) for t in next(batches))
+            loss = engine(x, y)
             engine.backward(loss)
             engine.step()
         loss.item()  # wait for the device, as hyprun's loss logging does
-        times.append(time.perf_counter() - start)
+        spent = Clocks.now() - start
+        for clock in CLOCKS:
+            times[clock].append(getattr(spent, clock))
     return times
 
 
-def hyprun_job(cfg) -> list[float]:
-    """Per-step seconds as hyprun's job measures them (everything in the loop but eval)."""
+def hyprun_job(cfg) -> dict[str, list[float]]:
+    """Per-step seconds as hyprun's job records them (everything in the loop but evaluation)."""
     result = run(cfg)
-    history = MlflowClient(cfg.tracking.uri).get_metric_history(result.run_id, "perf/step_time_s")
-    return [m.value for m in history]
+    client = MlflowClient(cfg.tracking.uri)
+    return {
+        clock: [m.value for m in sorted(client.get_metric_history(result.run_id, key), key=_step)]
+        for clock, key in JOB_METRICS.items()
+    }
 
 
-def config(overrides: list[str], steps: int, folder: Path, round_: int):
+def config(overrides: list[str], steps: int, folder: Path, experiment: str):
+    """The job config of `steps` optimizer steps, evaluated only at its end, no checkpoints."""
     probe = compose(overrides)
     tokens = steps * probe.ds.micro_batch * probe.ds.grad_accum * probe.model.seq_len
     return compose(
@@ -73,89 +130,111 @@ def config(overrides: list[str], steps: int, folder: Path, round_: int):
             f"budget.eval_every_tokens={tokens}",
             "checkpoint.every_tokens=0",
             f"tracking.uri=sqlite:///{folder}/mlflow.db",
-            f"tracking.experiment=overhead-{round_}",
+            f"tracking.experiment={experiment}",
             f"checkpoint.dir={folder}/ckpt",
         ]
     )
 
 
-SIDES = {  # name -> probes config of hyprun's job (None: the bare loop)
-    "bare": None,
-    "hyprun, probes off": "off",
-    "hyprun, probes default": "default",
-    "hyprun, probes every step": "every_step",
-}
-RATIOS = [  # (numerator, denominator, target)
-    ("hyprun, probes off", "bare", 1.03),
-    ("hyprun, probes default", "hyprun, probes off", 1.02),
-    ("hyprun, probes every step", "hyprun, probes off", 1.15),
-]
+def measure(
+    sides: list[Side], overrides: list[str], steps: int, rounds: int, folder: Path
+) -> dict[str, list[dict[str, float]]]:
+    """{side: one {clock: median step seconds} per round}, plus the job's `mfu`."""
+    found: dict[str, list[dict[str, float]]] = {side.name: [] for side in sides}
+    hyprun_job(config(overrides, 2, folder, "warm-up"))  # one-offs: DeepSpeed's build, the db
+    for round_ in range(rounds):
+        for side in sides:
+            cfg = config([*overrides, *(side.probes or [])], steps, folder, f"round-{round_}")
+            times = bare_loop(cfg) if side.probes is None else hyprun_job(cfg)
+            row = {clock: statistics.median(times[clock][WARMUP_STEPS:]) for clock in CLOCKS}
+            if times.get("mfu"):
+                row["mfu"] = statistics.median(times["mfu"][WARMUP_STEPS:])
+            found[side.name].append(row)
+    return found
 
 
-def overhead(overrides: list[str], steps: int, rounds: int) -> None:
-    times: dict[str, list[float]] = {name: [] for name in SIDES}
-    with tempfile.TemporaryDirectory() as tmp:
-        folder = Path(tmp)
-        hyprun_job(config(overrides, 2, folder, -1))  # one-offs: DeepSpeed's build, MLflow's db
-        for round_ in range(rounds):
-            for name, probes in SIDES.items():
-                side = overrides if probes is None else [*overrides, f"probes={probes}"]
-                cfg = config(side, steps, folder, round_)
-                fn = bare_loop if probes is None else hyprun_job
-                times[name] += fn(cfg)[5:]  # the first steps warm caches up
-    cfg = compose(overrides)
-    tokens_per_step = cfg.ds.micro_batch * cfg.ds.grad_accum * cfg.model.seq_len
-    print(
-        f"model {cfg.model.n_layer}L d{cfg.model.d_model}, {tokens_per_step} tokens/step, "
-        f"{rounds} interleaved rounds of {steps} steps per side"
+def spread(values: list[float]) -> str:
+    """median [min-max] of per-round values."""
+    return f"{statistics.median(values):.3f} [{min(values):.3f}-{max(values):.3f}]"
+
+
+def ratios(
+    found: dict[str, list[dict[str, float]]], top: str, bottom: str, clock: str
+) -> list[float]:
+    """Per-round ratios: both sides of a round ran on the same machine, minutes apart."""
+    return [a[clock] / b[clock] for a, b in zip(found[top], found[bottom], strict=True)]
+
+
+def nan_check(overrides: list[str], folder: Path, at_step: int = 3) -> dict[str, object]:
+    """A NaN planted in the 2nd micro-step of step `at_step` (grad_accum 2): the step the job
+    says it diverged at, and the module it names."""
+    cfg = config(
+        [
+            *overrides,
+            "ds.grad_accum=2",
+            "model._target_=bench.diagnosis.faults.GPTWithNaNAt",
+            "+model.nan_parameter=blocks.0.mlp.fc.weight",
+            f"+model.at_forward={2 * at_step}",
+        ],
+        at_step + 5,
+        folder,
+        "nan-check",
     )
-    print(f"{'side':28} median step (ms)   mean step (ms)   tokens/s (median)")
-    for name, values in times.items():
-        median, mean = statistics.median(values), statistics.fmean(values)
-        print(f"{name:28} {median * 1e3:16.2f} {mean * 1e3:16.2f} {tokens_per_step / median:19.0f}")
+    result = run(cfg)
+    tags = MlflowClient(cfg.tracking.uri).get_run(result.run_id).data.tags
+    return {
+        "planted_step": at_step,
+        "caught_step": result.steps if result.status == "diverged" else None,
+        "module": tags.get("hyprun.nan_module"),
+        "expected_module": "blocks.0.mlp.fc",
+    }
+
+
+def print_report(found: dict[str, list[dict[str, float]]], nan: dict[str, object]) -> None:
+    print(f"{'side':28} {'wall ms/step':>22} {'process CPU ms':>22} {'thread CPU ms':>22}  MFU")
+    for name, rounds in found.items():
+        cells = [spread([1e3 * r[clock] for r in rounds]) for clock in CLOCKS]
+        mfu = [r["mfu"] for r in rounds if "mfu" in r]
+        mfu_cell = f"{statistics.median(mfu):.1%}" if mfu else "-"
+        print(f"{name:28} {cells[0]:>22} {cells[1]:>22} {cells[2]:>22}  {mfu_cell}")
+    print(f"\n{'ratio':58} {'wall':>22} {'process CPU':>22}  target")
     for top, bottom, target in RATIOS:
-        median = statistics.median(times[top]) / statistics.median(times[bottom])
-        mean = statistics.fmean(times[top]) / statistics.fmean(times[bottom])
-        print(f"{top} / {bottom}: {median:.3f} median, {mean:.3f} mean (target <= {target})")
+        if top not in found or bottom not in found:
+            continue
+        wall, cpu = (spread(ratios(found, top, bottom, clock)) for clock in ("wall", "process"))
+        goal = f"<= {target}" if target else "-"
+        print(f"{top + ' / ' + bottom:58} {wall:>22} {cpu:>22}  {goal}")
+    caught = nan["caught_step"] == nan["planted_step"] and nan["module"] == nan["expected_module"]
+    print(
+        f"\nNaN planted at step {nan['planted_step']} (its 2nd micro-step): caught at step "
+        f"{nan['caught_step']}, module {nan['module']!r} "
+        f"({'as planted' if caught else 'NOT as planted: expected ' + str(nan['expected_module'])})"
+    )
 
 
-def mfu(steps: int) -> None:
-    """Model FLOPs utilisation of gpt_1b, bf16 ZeRO-2, on this GPU."""
-    if not torch.cuda.is_available():
-        raise SystemExit("--mfu needs a GPU: no CUDA device here")
-    name = torch.cuda.get_device_name()
-    peak = next((v for k, v in PEAK_BF16_FLOPS.items() if k in name), None)
-    overrides = [
-        "model=gpt_1b",
-        "ds=zero2_bf16",
-        "data.vocab_size=50304",
-        "data.source.n_train=256",
-        "data.source.n_heldout=16",
-        "budget.eval_sequences=8",
-    ]
-    with tempfile.TemporaryDirectory() as tmp:
-        cfg = config(overrides, steps, Path(tmp), 0)
-        step_time = statistics.median(hyprun_job(cfg)[3:])
-    tokens_per_s = cfg.ds.micro_batch * cfg.ds.grad_accum * cfg.model.seq_len / step_time
-    tokens_per_s *= torch.distributed.get_world_size()
-    with torch.device("meta"):
-        flops_per_token = instantiate(cfg.model).flops_per_token()
-    achieved = tokens_per_s * flops_per_token
-    print(f"{name}: {tokens_per_s:.0f} tokens/s, {achieved / 1e12:.1f} TFLOP/s", end="")
-    print(f", MFU {achieved / peak:.1%} (target >= 45%)" if peak else " (unknown peak)")
+def _step(metric) -> int:
+    return metric.step
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=200)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--mfu", action="store_true", help="gpt_1b bf16 ZeRO-2 MFU on a GPU")
-    parser.add_argument("overrides", nargs="*")
-    args = parser.parse_args()
-    if args.mfu:
-        mfu(max(args.steps, 10) if args.steps != 200 else 20)
-    else:
-        overhead(args.overrides, args.steps, args.rounds)
+    parser.add_argument("--steps", type=int, default=60, help="optimizer steps per side")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides of every side")
+    args = parser.parse_args(argv)
+    if args.steps <= WARMUP_STEPS or args.rounds < 1:
+        parser.error(f"--steps must exceed the {WARMUP_STEPS} warm-up steps, --rounds be >= 1")
+    cfg = compose(args.overrides)
+    tokens = cfg.ds.micro_batch * cfg.ds.grad_accum * cfg.model.seq_len
+    print(
+        f"model {cfg.model.n_layer}L d{cfg.model.d_model}, {tokens} tokens/step, loader "
+        f"workers={cfg.data.loader.num_workers}; {args.rounds} interleaved rounds of "
+        f"{args.steps} steps per side (first {WARMUP_STEPS} dropped); median [min-max] of rounds"
+    )
+    with tempfile.TemporaryDirectory() as folder:
+        found = measure(SIDES, args.overrides, args.steps, args.rounds, Path(folder))
+        nan = nan_check(args.overrides, Path(folder))
+    print_report(found, nan)
 
 
 if __name__ == "__main__":

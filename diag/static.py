@@ -20,7 +20,7 @@ import numpy as np
 from diag.comm import allreduce_estimate
 from diag.dedup import exact_duplicate_ratio, near_duplicate_ratio, overlap_ratio
 from diag.efficiency import transformer_flops_per_token
-from diag.memory import activation_bytes, count_params, estimate_memory
+from diag.memory import MemoryEstimate, activation_bytes, count_params, estimate_memory
 from diag.rules import static_table
 
 IGNORE_INDEX = -100
@@ -307,13 +307,12 @@ def _optimizer_states(cfg: dict) -> str:
     return "adam"
 
 
-def check_memory(cfg: dict, sample: DataSample, device: DeviceInfo | None, rule: Rule) -> Check:
-    """Model states (ZeRO accounting) plus activations must fit in one device's memory."""
-    if not _builtin(cfg):
-        return _result(rule, "skip", "unknown", None, "needs the parameter count")
-    model, ds, world = _get(cfg, "model"), _get(cfg, "ds"), _world(device)
+def memory_estimate(cfg: dict, world: int) -> MemoryEstimate:
+    """Per-device memory of a composed config of the built-in GPT (diag/memory.py's accounting:
+    ZeRO-sharded model states plus one micro-batch's activations)."""
+    model, ds = _get(cfg, "model"), _get(cfg, "ds")
     precision = str(ds["precision"])
-    estimate = estimate_memory(
+    return estimate_memory(
         count_params(model),
         int(ds.get("zero_stage", 0)),
         world,
@@ -321,6 +320,15 @@ def check_memory(cfg: dict, sample: DataSample, device: DeviceInfo | None, rule:
         activation_bytes(model, int(ds["micro_batch"]), precision),
         _optimizer_states(cfg),
     )
+
+
+def check_memory(cfg: dict, sample: DataSample, device: DeviceInfo | None, rule: Rule) -> Check:
+    """Model states (ZeRO accounting) plus activations must fit in one device's memory."""
+    if not _builtin(cfg):
+        return _result(rule, "skip", "unknown", None, "needs the parameter count")
+    ds, world = _get(cfg, "ds"), _world(device)
+    precision = str(ds["precision"])
+    estimate = memory_estimate(cfg, world)
     detail = (
         f"params {estimate.params_gb:.2f} + grads {estimate.grads_gb:.2f} + optimizer "
         f"{estimate.optimizer_gb:.2f} + activations {estimate.activations_gb:.2f} GB "

@@ -9,6 +9,18 @@ import pytest
 from tests.helpers import free_port, start_mlflow_server
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests that need a service started outside pytest carry its marker, so `make test-fast`
+    (-m "not slow and not slurm and not browser") leaves them out; under pytest-xdist they
+    share one worker (--dist loadgroup): one Slurm node and one Chromium are not to be shared."""
+    for item in items:
+        fixtures = getattr(item, "fixturenames", ())
+        for fixture, marker in (("slurm", "slurm"), ("chromium", "browser")):
+            if fixture in fixtures:
+                item.add_marker(getattr(pytest.mark, marker))
+                item.add_marker(pytest.mark.xdist_group(marker))
+
+
 @pytest.fixture
 def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Each test runs in its own folder: checkpoints, Hydra outputs and mlflow.db land there."""

@@ -4,10 +4,16 @@ from __future__ import annotations
 
 import torch
 
-from bench.diagnosis.faults import GPTWithBiasedRouter, GPTWithSharpAttention
+from bench.diagnosis.faults import GPTWithBiasedRouter, GPTWithNaNAt, GPTWithSharpAttention
 from runner.job.models import GPT
 
-__all__ = ["GPTWithBiasedRouter", "GPTWithNaN", "GPTWithSharpAttention", "GPTWithoutResiduals"]
+__all__ = [
+    "GPTWithBiasedRouter",
+    "GPTWithNaN",
+    "GPTWithNaNAt",
+    "GPTWithSharpAttention",
+    "GPTWithoutResiduals",
+]
 
 
 class GPTWithNaN(GPT):

@@ -15,6 +15,8 @@ from runner.control.controller import EXIT_ESCALATED
 from runner.store.investigation import STRIKES, Store
 from tests.helpers import python_env
 
+pytestmark = pytest.mark.slow  # several controllers racing, each running seed jobs: minutes
+
 WHY = "I think [cause] because [evidence]"
 
 

@@ -19,6 +19,8 @@ from runner.control.one_variable import measure
 from runner.errors import BadInput
 from runner.store.investigation import Store
 
+pytestmark = pytest.mark.slow  # each test records a baseline of seed jobs first: ~1-2 min each
+
 SHORT = ["budget.tokens=16384", "budget.eval_every_tokens=4096", "probes.every_steps=4"]
 WHY = "I think [cause] because [evidence]"
 

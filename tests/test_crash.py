@@ -55,8 +55,17 @@ def hyprun_test(workdir, uri: str) -> subprocess.Popen:
     )
 
 
-@pytest.mark.parametrize("seed", [random.randrange(10**6)])
-def test_kill_9_of_a_running_test_resumes_to_the_same_verdict(workdir, seed):
+def kill_seed() -> int:
+    """The seed of the kill moment: HYPRUN_CRASH_SEED to replay a failure, else a fresh one,
+    drawn inside the test (a parameter drawn at collection breaks --lf and pytest-xdist)."""
+    seed = int(os.environ.get("HYPRUN_CRASH_SEED") or random.randrange(10**6))
+    print(f"kill moment drawn from seed {seed}: replay with HYPRUN_CRASH_SEED={seed}")
+    return seed
+
+
+@pytest.mark.slow
+def test_kill_9_of_a_running_test_resumes_to_the_same_verdict(workdir):
+    seed = kill_seed()
     uri = f"sqlite:///{workdir}/mlflow.db"
     store = Store(uri, "hyprun")
     state = record_baseline(store, "crash", [*BUDGET, f"checkpoint.dir={workdir}/ckpt"], 2, "")

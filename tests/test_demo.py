@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
 from mlflow.tracking import MlflowClient
 
 from runner.cli.demo import run_demo
 from runner.store.investigation import Store
+
+pytestmark = pytest.mark.slow  # the whole demo: two investigations, minutes on 2 cores
 
 
 def test_demo_fixes_one_fault_and_escalates_the_other(workdir):

@@ -12,6 +12,8 @@ from mlflow.tracking import MlflowClient
 from runner.job.train import run
 from tests.helpers import free_port, job_config, metric_history, python_env
 
+pytestmark = pytest.mark.slow  # two-process DeepSpeed jobs under two launchers
+
 BUDGET = ["budget.tokens=8192", "budget.eval_every_tokens=4096", "ds.zero_stage=2"]
 LAUNCHERS = {
     "torchrun": ["-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port"],

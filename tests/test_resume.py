@@ -16,6 +16,8 @@ from mlflow.tracking import MlflowClient
 
 from tests.helpers import metric_history, python_env
 
+pytestmark = pytest.mark.slow  # jobs killed and resumed in subprocesses
+
 TOKENS = 131072  # 128 steps of 1024 tokens: long enough to be interrupted mid-run
 OVERRIDES = [
     f"budget.tokens={TOKENS}",

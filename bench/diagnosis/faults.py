@@ -37,6 +37,23 @@ class GPTWithBiasedRouter(GPT):
                 block.mlp.router.bias[0] = router_bias
 
 
+class GPTWithNaNAt(GPT):
+    """A NaN that appears in the middle of training: one element of `nan_parameter` turns NaN
+    just before the `at_forward`-th training forward (1-based, counting micro-steps)."""
+
+    def __init__(self, nan_parameter: str, at_forward: int, **kwargs):
+        super().__init__(**kwargs)
+        self.nan_parameter, self.at_forward, self.forwards = nan_parameter, at_forward, 0
+
+    def forward(self, input_ids, targets):
+        if self.training:
+            self.forwards += 1
+            if self.forwards == self.at_forward:
+                with torch.no_grad():
+                    self.get_parameter(self.nan_parameter).view(-1)[0] = float("nan")
+        return super().forward(input_ids, targets)
+
+
 class OnePassLayerNorm(nn.Module):
     """LayerNorm with the one-pass variance E[x^2] - E[x]^2, computed in the input's dtype and
     without epsilon, on an input shifted by a constant `offset`.

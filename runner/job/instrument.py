@@ -8,11 +8,15 @@ equal an unsharded run's at any ZeRO stage.
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import platform
 import resource
 import time
+import warnings
 from contextlib import ExitStack, contextmanager
-from functools import lru_cache
+from pathlib import Path
 
 import torch
 from omegaconf import DictConfig
@@ -43,7 +47,7 @@ class Instruments:
         self.model = engine.module
         self.named = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
         self.flops_per_token = _flops_per_token(self.model)
-        self.peak_flops = cfg.peak_flops or _device_peak(engine.device, precision)
+        self.peak = PeakFlops(engine.device, precision, cfg.peak_flops)
         self.loss_spikes = SpikeDetector()
         self.grad_spikes = SpikeDetector()
         self.initial = self._params_on_cpu() if cfg.every_steps and cfg.parameters else None
@@ -123,9 +127,7 @@ class Instruments:
     def efficiency(self, tokens_per_s: float) -> dict[str, float]:
         """MFU against the device peak (all processes together), and peak memory."""
         metrics = {"perf/flops_per_s": tokens_per_s * self.flops_per_token}
-        if self.peak_flops:
-            peak = self.peak_flops * self.world
-            metrics["perf/mfu"] = mfu(tokens_per_s, self.flops_per_token, peak)
+        metrics.update(self.peak.mfu(tokens_per_s, self.flops_per_token, self.world))
         metrics["perf/peak_mem_gb"] = _peak_memory_gb(self.engine.device)
         if self.engine.wall_clock_breakdown():
             metrics.update(self._comm_share())
@@ -161,22 +163,106 @@ def _flops_per_token(model: torch.nn.Module) -> float:
     return 6.0 * sum(p.numel() for p in model.parameters())
 
 
+class PeakFlops:
+    """The MFU denominator of one process: the device table's peak for a GPU, a measured matmul
+    peak for a CPU, or the config's `probes.peak_flops`.
+
+    An MFU above 1 is never a measurement: on a CPU it means the peak was measured while the
+    machine was busy, so it is measured again; if the MFU still exceeds 1 it is not logged as
+    `perf/mfu` but as `perf/mfu_above_peak`, with a warning (issue 17 once read 4.25)."""
+
+    def __init__(self, device: torch.device, precision: str, given: float | None = None):
+        self.measured = not given and device.type != "cuda"
+        self.value = given or _device_peak(device, precision)
+
+    def mfu(self, tokens_per_s: float, flops_per_token: float, world: int) -> dict[str, float]:
+        if not self.value:
+            return {}
+        value = mfu(tokens_per_s, flops_per_token, self.value * world)
+        if value > 1 and self.measured:
+            self.value = max(self.value, cpu_peak(refresh=True))
+            value = mfu(tokens_per_s, flops_per_token, self.value * world)
+        if value <= 1:
+            return {"perf/mfu": value}
+        warnings.warn(
+            f"MFU {value:.2f} > 1: the peak of {self.value / 1e9:.1f} GFLOP/s per device is "
+            "below what the job achieved; logged as perf/mfu_above_peak, not perf/mfu (set "
+            "probes.peak_flops to this device's peak)",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return {"perf/mfu_above_peak": value}
+
+
 def _device_peak(device: torch.device, precision: str) -> float | None:
     if device.type == "cuda":
         return device_peak(torch.cuda.get_device_name(device), precision)
-    return measured_cpu_peak()
+    return cpu_peak()
 
 
-@lru_cache
-def measured_cpu_peak(size: int = 512, seconds: float = 0.2) -> float:
-    """A CPU has no datasheet peak here: time fp32 matmuls and call that the peak."""
-    a, b = torch.randn(size, size), torch.randn(size, size)
+CPU_PEAK_CACHE = Path.home() / ".cache" / "hyprun" / "cpu_peak.json"
+_cpu_peak_seen: dict[str, float] = {}
+
+
+def cpu_peak(cache: Path | None = None, refresh: bool = False) -> float:
+    """A CPU has no datasheet peak: the best fp32 matmul rate this machine has shown, per CPU
+    model, thread count and torch version. A peak is a best case (a busy machine only lowers
+    a measurement), so each measurement is the best of several trials, and the answer is the
+    best of it and every earlier one on this machine (kept in `cache`). Measured once per
+    process unless `refresh`."""
+    cache = cache or CPU_PEAK_CACHE
+    key = _cpu_key()
+    if key in _cpu_peak_seen and not refresh:
+        return _cpu_peak_seen[key]
+    best = measured_cpu_peak()
+    try:
+        known = json.loads(cache.read_text())
+    except (OSError, ValueError):
+        known = {}
+    best = max(best, float(known.get(key, 0.0)))
+    if best > float(known.get(key, 0.0)):
+        _remember(cache, {**known, key: best})
+    _cpu_peak_seen[key] = best
+    return best
+
+
+def measured_cpu_peak(size: int = 512, trials: int = 5, seconds: float = 0.05) -> float:
+    """The best of `trials` timings of fp32 `size`-square matmuls, in FLOP/s. Its inputs come
+    from a generator of its own: the job's random stream is the same whether or not it runs."""
+    generator = torch.Generator().manual_seed(0)
+    a = torch.randn(size, size, generator=generator)
+    b = torch.randn(size, size, generator=generator)
     a @ b  # warm-up
-    count, start = 0, time.perf_counter()
-    while (elapsed := time.perf_counter() - start) < seconds:
-        a @ b
-        count += 1
-    return 2.0 * size**3 * count / elapsed
+    rates = []
+    for _ in range(trials):
+        count, start = 0, time.perf_counter()
+        while (elapsed := time.perf_counter() - start) < seconds:
+            a @ b
+            count += 1
+        rates.append(2.0 * size**3 * count / elapsed)
+    return max(rates)
+
+
+def _cpu_key() -> str:
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as info:
+            names = [line.split(":", 1)[1].strip() for line in info if "model name" in line]
+        model = names[0] if names else model
+    except OSError:
+        pass
+    return f"{model} | {torch.get_num_threads()} threads | torch {torch.__version__}"
+
+
+def _remember(cache: Path, peaks: dict[str, float]) -> None:
+    """Write the cache whole or not at all (jobs on one machine may write it together)."""
+    try:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        partial = cache.with_suffix(f".{os.getpid()}.tmp")
+        partial.write_text(json.dumps(peaks, indent=1))
+        partial.replace(cache)
+    except OSError:
+        pass  # a read-only home: the peak is still this process's best
 
 
 def _peak_memory_gb(device: torch.device) -> float:

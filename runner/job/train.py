@@ -155,9 +155,32 @@ def run(cfg: DictConfig, on_eval: Callable[[int, float], bool] | None = None) ->
     return result
 
 
+@dataclass(frozen=True)
+class Clocks:
+    """Wall seconds, and CPU seconds of the process and of the calling thread."""
+
+    wall: float
+    process: float
+    thread: float
+
+    @classmethod
+    def now(cls) -> Clocks:
+        return cls(time.perf_counter(), time.process_time(), time.thread_time())
+
+    def __sub__(self, other: Clocks) -> Clocks:
+        return Clocks(
+            self.wall - other.wall, self.process - other.process, self.thread - other.thread
+        )
+
+    def __add__(self, other: Clocks) -> Clocks:
+        return Clocks(
+            self.wall + other.wall, self.process + other.process, self.thread + other.thread
+        )
+
+
 class TrainLoop:
-    """The hot loop. Metrics leave it as detached tensors; `.item()` runs only at log steps
-    (and per micro-step for the NaN check, which a probe config can turn off)."""
+    """The hot loop. Metrics leave it as detached tensors; `.item()` runs only at log steps and
+    once per optimizer step for the NaN check (which a probe config can turn off)."""
 
     def __init__(
         self,
@@ -184,9 +207,10 @@ class TrainLoop:
         plan, engine, device, tools = self.plan, self.engine, self.dist.device, self.instruments
         engine.train()
         loss_sum = torch.zeros((), device=device)
-        data_wait, window_start, window_steps, last_loss = 0.0, time.perf_counter(), 0, None
+        data_wait, window_start, window_steps, last_loss = 0.0, Clocks.now(), 0, None
+        nonfinite = torch.zeros(self.accum, device=device)
         for step in range(start_step, plan.total_steps):
-            probing, probed = tools.probing(step), {}
+            probing, probed, micro_batches = tools.probing(step), {}, []
             for micro in range(self.accum):
                 fetch = time.perf_counter()
                 x, y = next(batches)
@@ -195,12 +219,19 @@ class TrainLoop:
                 with tools.forward(probing and micro == 0) as seen:
                     loss = engine(x, y)
                 probed.update(seen or {})  # filled when the probed forward ends
-                if self.nan_check and not self._finite(loss):
-                    self.nan_module = tools.locate_nan(x, y)
+                engine.backward(loss)
+                if self.nan_check:  # on the device: no host sync per micro-step
+                    nonfinite[micro] = (~torch.isfinite(loss.detach())).float()
+                    micro_batches.append((x, y))
+                last = micro == self.accum - 1
+                # Once per step, after the last backward is queued and before the optimizer
+                # step: a NaN never reaches the weights, and the device has work while the host
+                # waits on the flag (it used to sync on every micro-step's loss).
+                if last and self.nan_check and self._any_nonfinite(nonfinite):
+                    self.nan_module = self._locate_nan(nonfinite, micro_batches)
                     self._log(step + 1, {"train/loss": float("nan")})
                     return "diverged", step + 1, float("nan")
-                engine.backward(loss)
-                if probing and micro == self.accum - 1:
+                if probing and last:
                     probed.update(tools.gradients())  # reduced, not yet clipped
                 engine.step()
                 loss_sum += loss.detach().float()
@@ -210,8 +241,9 @@ class TrainLoop:
                 self._log(done, {**probed, **tools.parameters()})
             if done % self.log_every == 0 or done == plan.total_steps:
                 last_loss = self._mean_over_ranks(loss_sum) / (self.accum * window_steps)
-                now = time.perf_counter()
-                elapsed = now - window_start
+                now = Clocks.now()
+                spent = now - window_start
+                elapsed = spent.wall
                 tokens_per_s = plan.tokens_per_step * window_steps / elapsed
                 self._log(
                     done,
@@ -225,6 +257,10 @@ class TrainLoop:
                         # not a loader's wait, so the share alone flips with machine load.
                         "perf/data_wait_s": data_wait / window_steps,
                         "perf/compute_s": (elapsed - data_wait) / window_steps,
+                        # CPU seconds per step, of the process (all its threads) and of this
+                        # loop's thread: they read alike on a busy and an idle machine.
+                        "perf/process_cpu_s": spent.process / window_steps,
+                        "perf/thread_cpu_s": spent.thread / window_steps,
                         **tools.loss(last_loss),
                         **tools.efficiency(tokens_per_s),
                     },
@@ -233,7 +269,7 @@ class TrainLoop:
                     return "diverged", done, last_loss
                 loss_sum.zero_()
                 data_wait, window_start, window_steps = 0.0, now, 0  # logging counts next time
-            pause = time.perf_counter()  # eval and checkpoints are not training time
+            pause = Clocks.now()  # eval and checkpoints are not training time
             if plan.due(plan.eval_every_steps, done) and done < plan.total_steps:
                 eval_loss = self.evaluate(done)
                 if self.on_eval and self.on_eval(done * plan.tokens_per_step, eval_loss):
@@ -245,13 +281,20 @@ class TrainLoop:
                 return "interrupted", done, last_loss
             if plan.due(plan.ckpt_every_steps, done):
                 self.checkpoint(ckpt, done)
-            window_start += time.perf_counter() - pause
+            window_start += Clocks.now() - pause
         return "completed", plan.total_steps, last_loss
 
-    def _finite(self, loss: torch.Tensor) -> bool:
-        """Whether the loss is finite on every rank (all must stop together)."""
-        bad = float(not torch.isfinite(loss.detach()).all())
-        return distributed.all_reduce_sum(torch.tensor([bad], device=self.dist.device)).item() == 0
+    def _any_nonfinite(self, nonfinite: torch.Tensor) -> bool:
+        """Whether a micro-step's loss was NaN/Inf on any rank (all must stop together): one
+        all-reduce and one host sync per optimizer step."""
+        return distributed.all_reduce_sum(nonfinite.sum().reshape(1)).item() > 0
+
+    def _locate_nan(self, nonfinite: torch.Tensor, micro_batches: list) -> str | None:
+        """Replay this rank's first micro-batch whose loss was NaN/Inf (the weights are still
+        those it saw) and name the first module that produced one."""
+        bad = [i for i, flag in enumerate(nonfinite.tolist()) if flag]
+        x, y = micro_batches[bad[0] if bad else 0]
+        return self.instruments.locate_nan(x, y)
 
     def checkpoint(self, ckpt: Checkpointer, step: int) -> None:
         """Metrics up to `step` are delivered before the checkpoint that lets a rerun skip them."""
