@@ -135,6 +135,7 @@ def test_toy_app_baseline_test_and_the_one_variable_rule_on_its_tree(here, capsy
     assert "val/loss" in test.tags["hyprun.reason"]
 
 
+@pytest.mark.slow  # the toy app in subprocesses
 def test_subprocess_run_matches_in_process(here):
     declare(here, run="subprocess")
     assert run_cli("baseline", "--seeds", "1", "--investigation", "apart") == 0

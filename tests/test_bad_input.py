@@ -41,6 +41,7 @@ def test_hyprun_train_refuses(workdir, capsys, overrides, expected):
     assert not (workdir / "mlflow.db").exists() and not (workdir / "ckpt").exists()
 
 
+@pytest.mark.slow  # a fresh python importing torch per case
 @pytest.mark.parametrize("case", ["unknown key", "missing data file", "fp16 on a CPU"])
 def test_python_m_runner_train_refuses(tmp_path: Path, case: str):
     overrides, expected = CASES[case]
@@ -59,6 +60,7 @@ def test_python_m_runner_train_refuses(tmp_path: Path, case: str):
     assert not list(tmp_path.iterdir()), "a refused job must write nothing"
 
 
+@pytest.mark.slow  # builds and installs a wheel
 def test_installed_wheel_finds_conf(tmp_path: Path):
     """conf/ ships in the wheel: an installed hyprun composes configs away from any checkout."""
     wheel_dir, target = tmp_path / "wheel", tmp_path / "site"

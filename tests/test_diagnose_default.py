@@ -12,6 +12,8 @@ from runner.job.train import run
 from runner.store.investigation import Store
 from tests.helpers import job_config
 
+pytestmark = pytest.mark.slow  # a baseline of seed jobs
+
 SHORT = ["budget.tokens=8192", "budget.eval_every_tokens=4096", "probes.every_steps=4"]
 
 

@@ -16,6 +16,8 @@ from runner.control.diagnose import diagnose
 from runner.job.callbacks import HyprunTrainerCallback
 from tests.helpers import metric_history
 
+pytestmark = pytest.mark.slow  # transformers' Trainer: its import and a few steps
+
 BATCH, SEQ, VOCAB, STEPS = 4, 16, 96, 12
 
 

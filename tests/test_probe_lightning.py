@@ -15,6 +15,8 @@ from torch import nn
 from runner.job.callbacks import HyprunLightningCallback
 from tests.helpers import metric_history
 
+pytestmark = pytest.mark.slow  # lightning's Trainer: its import and a few steps
+
 BATCH, SEQ, VOCAB, WIDTH, STEPS = 4, 16, 64, 32, 8
 
 

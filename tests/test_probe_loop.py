@@ -103,7 +103,7 @@ def test_bad_settings_are_refused_before_any_run(uri, workdir, options, expected
     assert not (workdir / "mlflow.db").exists()
 
 
-@pytest.mark.parametrize("stage", [2, 3])
+@pytest.mark.parametrize("stage", [2, pytest.param(3, marks=pytest.mark.slow)])
 def test_grad_norm_under_zero_equals_the_unsharded_one(uri, stage):
     import deepspeed
 

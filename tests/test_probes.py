@@ -14,6 +14,8 @@ from runner.job.data.loader import build_loader
 from runner.job.train import run
 from tests.helpers import job_config, metric_history
 
+SLOW = pytest.mark.slow  # stages 0 and 2 stay in the fast tier: they cover the sharded path
+
 
 def reference_grad_norm(cfg) -> float:
     """clip_grad_norm_ of an unsharded plain-torch step on the job's first batch."""
@@ -35,7 +37,7 @@ def reference_grad_norm(cfg) -> float:
     return float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=1e9))
 
 
-@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+@pytest.mark.parametrize("stage", [0, pytest.param(1, marks=SLOW), 2, pytest.param(3, marks=SLOW)])
 def test_global_grad_norm_matches_unsharded_clip_grad_norm(workdir, stage):
     cfg = job_config(
         workdir,

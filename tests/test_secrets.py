@@ -5,9 +5,12 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
 from mlflow.tracking import MlflowClient
 
 from tests.helpers import python_env
+
+pytestmark = pytest.mark.slow  # a job in a subprocess
 
 SECRETS = {
     "MLFLOW_TRACKING_TOKEN": "tok-4f9a1c77",

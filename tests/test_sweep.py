@@ -96,6 +96,7 @@ def test_best_of_n_needs_the_bonferroni_correction():
     assert corrected / rounds < 0.035
 
 
+@pytest.mark.slow  # a baseline and a sweep of jobs
 def test_an_in_process_sweep_takes_one_verdict(workdir):
     uri = f"sqlite:///{workdir}/mlflow.db"
     store = Store(uri, "hyprun")

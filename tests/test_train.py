@@ -35,6 +35,7 @@ def test_job_records_evidence_in_mlflow(workdir):
     assert not (workdir / "ckpt").exists() or not any((workdir / "ckpt").iterdir())
 
 
+@pytest.mark.slow  # a job long enough to learn
 def test_loss_falls_on_the_synthetic_language(workdir):
     result = run(
         job_config(
@@ -44,6 +45,7 @@ def test_loss_falls_on_the_synthetic_language(workdir):
     assert result.eval_loss < 0.85 * math.log(256)
 
 
+@pytest.mark.slow  # two or more jobs, or a job and a server
 @pytest.mark.parametrize("stage", [1, 2])
 def test_zero_stages_match_zero0(workdir, stage):
     """ZeRO shards optimizer state and gradients; in fp32 the arithmetic must be the same."""
@@ -58,6 +60,7 @@ def test_bf16_zero2_runs(workdir):
     assert result.status == "completed" and math.isfinite(result.eval_loss)
 
 
+@pytest.mark.slow  # two or more jobs, or a job and a server
 def test_same_seed_same_losses_other_seed_differs(workdir):
     uri = f"sqlite:///{workdir}/mlflow.db"
     a = run(job_config(workdir, "tracking.experiment=a"))
@@ -68,6 +71,7 @@ def test_same_seed_same_losses_other_seed_differs(workdir):
     assert history[0] != history[2]
 
 
+@pytest.mark.slow  # two or more jobs, or a job and a server
 def test_gradient_accumulation_compares_at_matched_tokens(workdir):
     """A bigger batch through accumulation covers the same tokens in fewer steps."""
     uri = f"sqlite:///{workdir}/mlflow.db"
@@ -90,6 +94,7 @@ def test_budget_smaller_than_one_step_is_refused(workdir):
     assert not (workdir / "mlflow.db").exists()
 
 
+@pytest.mark.slow  # two or more jobs, or a job and a server
 def test_job_against_a_tracking_server(workdir, mlflow_server):
     cfg = job_config(workdir, uri=mlflow_server)
     result = run(cfg)
@@ -100,6 +105,7 @@ def test_job_against_a_tracking_server(workdir, mlflow_server):
     assert "config.yaml" in [a.path for a in client.list_artifacts(result.run_id)]
 
 
+@pytest.mark.slow  # a job beyond test_job_records_evidence_in_mlflow's
 def test_sparser_logging_reports_the_window_mean(workdir):
     """With log_every_steps=2 each train/loss point is the mean of the two steps it covers."""
     uri = f"sqlite:///{workdir}/mlflow.db"
@@ -112,6 +118,7 @@ def test_sparser_logging_reports_the_window_mean(workdir):
     assert [v for _, v in points] == pytest.approx(expected, rel=1e-6)
 
 
+@pytest.mark.slow  # a job that waits for MLflow's system-metrics samples
 def test_system_metrics_are_recorded_on_the_job_run(workdir):
     cfg = job_config(
         workdir, "tracking.system_metrics_every_s=0.2", "data.source.loader_delay_ms=300"
