@@ -344,7 +344,11 @@ def _in_process(target: str, argv: list[str], env: dict[str, str], cwd: Path) ->
     main = getattr(importlib.import_module(module), function)
     code, reason = 0, ""
     # HYDRA_FULL_ERROR: Hydra re-raises the app's exception instead of printing it and exiting.
-    with _environment({**env, "HYDRA_FULL_ERROR": "1"}), _argv([module, *argv]):
+    with (
+        _environment({**env, "HYDRA_FULL_ERROR": "1"}),
+        _argv([module, *argv]),
+        app_runs.fluent_state(env["MLFLOW_TRACKING_URI"]),
+    ):
         try:
             main()
         except SystemExit as exit_:
@@ -352,7 +356,6 @@ def _in_process(target: str, argv: list[str], env: dict[str, str], cwd: Path) ->
         except Exception as error:
             code, reason = 1, f": {type(error).__name__}: {' '.join(str(error).split())[:300]}"
         finally:
-            app_runs.end_active_runs()
             GlobalHydra.instance().clear()
     return code, reason
 

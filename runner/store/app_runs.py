@@ -9,6 +9,7 @@ making a second one.
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from typing import Any
 
 from runner.store.tracking import BATCH_LIMITS, experiment_id, redact
@@ -88,10 +89,17 @@ def finish_seed_run(uri: str, run_id: str, tags: dict[str, Any], status: str) ->
     client.set_terminated(run_id, status=status, end_time=int(time.time() * 1000))
 
 
-def end_active_runs() -> None:
-    """End the fluent runs an app left open in this process, so the next seed can start its
-    own (MLflow refuses to start a run while another is active)."""
+@contextmanager
+def fluent_state(uri: str):
+    """MLflow's process-wide state as a fresh process would have it, for an app run in this
+    one: the tracking URI it was handed (an earlier app may have set another, and
+    `set_tracking_uri` outlives the app), and no run left active afterwards (MLflow refuses to
+    start a run while another is active)."""
     import mlflow
 
-    while mlflow.active_run() is not None:
-        mlflow.end_run()
+    mlflow.set_tracking_uri(uri)
+    try:
+        yield
+    finally:
+        while mlflow.active_run() is not None:
+            mlflow.end_run()
