@@ -318,12 +318,22 @@ def _eval(ev: Evidence, out: Features) -> None:
         out["train_eval_gap"] = Feature(
             gap, f"eval loss {e_end:.4g} vs train loss {t_end:.4g} at the end ({gap:+.1%})"
         )
-    gaps = []
+    gaps, nats = [], []
     for step, e in evals[-MATCHED_EVALS:]:
         near = sorted(train, key=lambda p: abs(p[0] - step))[:MATCHED_TRAIN_POINTS]
         level = float(np.median([v for _, v in near]))
+        nats.append(e - level)
         if level:
             gaps.append((e - level) / abs(level))
+    if nats:
+        # In nats, not as a share of the loss: label noise adds a roughly fixed number of nats
+        # to the train loss, while a relative gap grows as a healthy run's loss falls.
+        gap_nats = float(np.median(nats))
+        out["eval_gap_matched_nats"] = Feature(
+            gap_nats,
+            f"held-out minus train loss at the same tokens: {gap_nats:+.3f} nats (median over "
+            f"the last {len(nats)} evaluations)",
+        )
     if gaps:
         gap = float(np.median(gaps))
         out["eval_gap_matched"] = Feature(

@@ -482,18 +482,20 @@ def noisy_train_loss(ev: Evidence, factor: float) -> None:
 
 
 def test_label_noise_lifts_the_train_loss_above_the_clean_heldout_loss():
-    """60% label noise measured the held-out loss 8% below the train loss at the same tokens."""
+    """Label noise measured the held-out loss 0.40-0.49 nats below the train loss at the same
+    tokens (40-60% noise); healthy runs read -0.02 to -0.14 nats."""
     ev = healthy()
-    noisy_train_loss(ev, 1.1)
+    noisy_train_loss(ev, 1.25)
     diag, first = top(ev)
     assert first.id == "noisy_labels" and first.question == "Q1"
-    # -1/11 from the noise, +0.02 / (1.1 x the ~1.7 end loss) from healthy()'s held-out offset
-    assert first.numbers["eval_gap_matched"] == pytest.approx(-0.078, abs=0.005)
+    # -0.25 x the ~1.7 end loss from the noise, +0.02 from healthy()'s held-out offset
+    assert first.numbers["eval_gap_matched_nats"] == pytest.approx(-0.40, abs=0.05)
     assert first.cards == []  # no card removes label noise
     assert [f.id for f in diag.findings] == ["noisy_labels"]
-    ev = healthy()
-    noisy_train_loss(ev, 1.03)  # within the -3% healthy runs measured
-    assert triage(ev).findings == []
+    for healthy_like in (1.03, 1.08):  # -5% of the loss: what healthy SGD runs read
+        ev = healthy()
+        noisy_train_loss(ev, healthy_like)
+        assert triage(ev).findings == []
 
 
 def test_a_falling_train_loss_lagging_the_last_eval_is_not_label_noise():

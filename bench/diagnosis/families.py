@@ -1,0 +1,178 @@
+"""Fault families: each planted fault is a generator of config overrides from a magnitude, on a
+model shape and an optimizer, so a diagnosis can be scored on instances it was not tuned on.
+
+    family(magnitude, shape, optimizer, context) -> Plant(overrides, cause, fix)
+
+A shape is a set of model overrides (2-layer tiny GPT, 6 layers, 4-layer post-norm with warmup,
+MoE, gpt_small); an optimizer is AdamW or SGD at its healthy LR for this model. Some families
+fix part of that themselves (post-norm depth is post-norm, MoE collapse is MoE, clipping off is
+SGD, whose unclipped steps are the ones that blow up). `context` carries what a family needs
+from the healthy reference run of the same shape: the loader-delay family sizes its sleep as a
+share of that run's compute seconds per step.
+
+The split of instances into tuning and held-out lives in split.yaml; this file only says what
+each family plants and which findings name it (`cause`) and which cards remove it (`fix`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+SHAPES: dict[str, list[str]] = {
+    "tiny2": [],  # gpt_tiny: 2 layers, d_model 64, pre-norm LayerNorm
+    "deep6": ["model.n_layer=6"],
+    "post4": ["model.n_layer=4", "model.placement=post"],  # healthy with the default warmup
+    "moe": ["model.n_experts=4", "model.top_k=1"],
+    "small": ["model=gpt_small"],  # 3M parameters: 4 layers, d_model 128
+}
+OPTIMIZERS: dict[str, list[str]] = {
+    "adamw": ["optim.lr=3e-3"],  # warmup_cosine; 1e-3 is still near 5.3 after 32 steps
+    "sgd": ["optim=sgd", "optim.lr=0.3"],  # nesterov momentum 0.9, clipped at 1.0
+}
+HEALTHY_LR = {"adamw": 3e-3, "sgd": 0.3}
+"""The LR each optimizer trains these models well at within the benchmark's 32 steps (the
+healthy population's runs), from which the LR families scale."""
+
+LR_HIGH = ["lr_too_high_config", "lr_too_high_diverged", "lr_too_high_oscillation"]
+LR_HIGH += ["lr_high_with_drift"]
+SPIKES = ["exploded_then_nan", "exploding_gradients", "grad_spikes", "loss_spikes"]
+SPIKES += ["unclipped_spikes"]
+
+
+@dataclass(frozen=True)
+class Plant:
+    """What one instance of a family plants, and the truth about it."""
+
+    overrides: list[str]
+    """Overrides after the shape's and the optimizer's (later ones win)."""
+    cause: list[str]
+    """Finding ids that name this fault (any one counts as the true cause)."""
+    fix: list[str]
+    """Card ids that remove it; empty when no card does (label noise)."""
+
+
+def _lr(shape: str, optimizer: str) -> float:
+    return HEALTHY_LR[optimizer]
+
+
+def lr_high(m: float, shape: str, optimizer: str, context: dict) -> Plant:
+    return Plant([f"optim.lr={_lr(shape, optimizer) * m:.4g}"], LR_HIGH, ["lr_down_10x"])
+
+
+def lr_low(m: float, shape: str, optimizer: str, context: dict) -> Plant:
+    return Plant(
+        [f"optim.lr={_lr(shape, optimizer) / m:.4g}"], ["lr_too_low", "loss_flat"], ["lr_up_10x"]
+    )
+
+
+def label_noise(m: float, shape: str, optimizer: str, context: dict) -> Plant:
+    return Plant([f"data.source.label_noise={m}"], ["noisy_labels", "underfitting"], [])
+
+
+def duplicates(m: float, shape: str, optimizer: str, context: dict) -> Plant:
+    """m of the pool exact copies of a few rows, plus a quarter of that as near copies."""
+    return Plant(
+        [f"data.source.duplicate_frac={m}", f"data.source.near_duplicate_frac={m / 4:.4g}"],
+        ["duplicates", "near_duplicates"],
+        ["dedup"],
+    )
+
+
+def near_duplicates(m: float, shape: str, optimizer: str, context: dict) -> Plant:
+    """m of the pool copies of other rows with one token changed (no exact copies)."""
+    return Plant([f"data.source.near_duplicate_frac={m}"], ["near_duplicates"], ["dedup"])
+
+
+def loader_delay(m: float, shape: str, optimizer: str, context: dict) -> Plant:
+    """The loader sleeps so that it is m of each step at the healthy run's compute speed."""
+    compute_ms = 1000.0 * context["compute_s"]
+    delay = compute_ms * m / (1.0 - m)
+    return Plant([f"data.source.loader_delay_ms={delay:.1f}"], ["input_bound"], ["loader_workers"])
+
+
+def init_scale(m: float, shape: str, optimizer: str, context: dict) -> Plant:
+    """init std m times GPT-2's 0.02 (m < 1: too small)."""
+    cause = ["init_too_small", "vanishing_gradients", "vanishing_early_layers"]
+    return Plant([f"model.init_std={0.02 * m:.3g}"], cause, ["init_std_gpt2"])
+
+
+def no_clip(m: float, shape: str, optimizer: str, context: dict) -> Plant:
+    """Clipping off under SGD at m times its healthy LR: the unclipped steps blow up."""
+    lr = HEALTHY_LR["sgd"] * m
+    return Plant(["optim=sgd", f"optim.lr={lr:.4g}", "ds.grad_clip=0"], SPIKES, ["grad_clip"])
+
+
+def post_norm_depth(m: float, shape: str, optimizer: str, context: dict) -> Plant:
+    """m post-norm layers, no warmup, at an LR where post-norm's instability shows."""
+    cause = ["post_norm_unstable", "vanishing_early_layers", "residual_write_overwhelms"]
+    cause += ["spikes_without_warmup"]
+    lr = "optim.lr=2e-2" if optimizer == "adamw" else "optim.lr=1.0"
+    plant = [f"model.n_layer={int(m)}", "model.placement=post", "sched=constant", lr]
+    return Plant(plant, cause, ["pre_norm", "warmup"])
+
+
+def moe_collapse(m: float, shape: str, optimizer: str, context: dict) -> Plant:
+    """MoE routers biased by m towards expert 0, balancing loss off."""
+    plant = ["model.n_experts=4", "model.top_k=1", "model.moe_aux_weight=0"]
+    plant += ["model._target_=bench.diagnosis.faults.GPTWithBiasedRouter"]
+    plant += [f"+model.router_bias={m}"]
+    return Plant(plant, ["moe_expert_collapse"], ["moe_aux_loss"])
+
+
+def bf16_cancellation(m: float, shape: str, optimizer: str, context: dict) -> Plant:
+    """A one-pass LayerNorm on inputs shifted by m: NaN in bf16, fine in fp32."""
+    plant = ["ds.precision=bf16", "model._target_=bench.diagnosis.faults.GPTWithOnePassNorm"]
+    plant += [f"+model.norm_offset={m}"]
+    return Plant(plant, ["nan_in_module", "numerical_instability"], ["fp32"])
+
+
+def attention_temperature(m: float, shape: str, optimizer: str, context: dict) -> Plant:
+    """Query weights m times too large: attention logits so sharp each query sees one key."""
+    plant = ["model._target_=bench.diagnosis.faults.GPTWithSharpAttention", f"+model.q_scale={m}"]
+    return Plant(plant, ["attention_collapse"], ["attn_temperature"])
+
+
+FAMILIES: dict[str, Callable[[float, str, str, dict], Plant]] = {
+    "lr_high": lr_high,
+    "lr_low": lr_low,
+    "label_noise": label_noise,
+    "duplicates": duplicates,
+    "near_duplicates": near_duplicates,
+    "loader_delay": loader_delay,
+    "init_scale": init_scale,
+    "no_clip": no_clip,
+    "post_norm_depth": post_norm_depth,
+    "moe_collapse": moe_collapse,
+    "bf16_cancellation": bf16_cancellation,
+    "attention_temperature": attention_temperature,
+}
+THROUGHPUT = {"loader_delay"}
+"""Families whose harm is time, not loss: judged without the eval-loss harm check."""
+STATIC = {"duplicates", "near_duplicates"}
+"""Families an L0 check sees in the data itself, whatever the loss does at this budget."""
+STRUCTURAL = {"moe_collapse"}
+"""Families whose harm is capacity left idle (3 of 4 experts get no tokens), which a 32-step
+run's loss does not show yet."""
+
+
+def instance_overrides(item: dict[str, Any], context: dict) -> tuple[list[str], Plant | None]:
+    """(every override of one split entry, its plant or None for a healthy entry)."""
+    base = [*SHAPES[item.get("shape", "tiny2")], *OPTIMIZERS[item.get("optim", "adamw")]]
+    base += list(item.get("overrides", []))
+    base += [f"budget.seed={int(item.get('seed', 0))}"]
+    if "family" not in item:
+        return base, None
+    plant = FAMILIES[item["family"]](
+        float(item["m"]), item.get("shape", "tiny2"), item.get("optim", "adamw"), context
+    )
+    return [*base, *plant.overrides], plant
+
+
+def name_of(item: dict[str, Any]) -> str:
+    """A readable id: family@magnitude/shape/optimizer/seed, or the healthy entry's name."""
+    if "family" not in item:
+        return str(item["name"])
+    shape, optim, seed = item.get("shape", "tiny2"), item.get("optim", "adamw"), item.get("seed", 0)
+    return f"{item['family']}@{item['m']:g}/{shape}/{optim}/s{seed}"

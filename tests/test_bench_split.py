@@ -1,0 +1,70 @@
+"""The family benchmark's kept split (bench/diagnosis/split.yaml) is well-formed and kept, its
+generators compose, the card-order simulation counts strikes as the method does, and one fault
+with its healthy reference runs end to end (real jobs, real MLflow sqlite). The full split runs
+outside CI: python -m bench.diagnosis.split."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.diagnosis.families import FAMILIES, SHAPES, instance_overrides, name_of
+from bench.diagnosis.split import _strikes, card_orders, load_split, rank_of, run_sets
+from hypotheses.schema import load_cards
+from runner.compose import compose
+
+SPLIT = load_split()
+KEY = ("family", "m", "shape", "optim", "seed")
+
+
+def test_the_split_is_kept_and_covers_families_shapes_and_optimizers():
+    tuning = {tuple(e.get(k) for k in KEY) for e in SPLIT["tuning"]}
+    heldout = [tuple(e.get(k) for k in KEY) for e in SPLIT["heldout"]]
+    assert not tuning & set(heldout), "a held-out entry repeats a tuning entry"
+    assert len(set(heldout)) == len(heldout)
+    for family in FAMILIES:  # every family on both sides
+        assert any(e["family"] == family for e in SPLIT["tuning"]), family
+        assert any(e["family"] == family for e in SPLIT["heldout"]), family
+    assert {e["shape"] for e in SPLIT["heldout"]} == set(SHAPES)
+    assert {e["optim"] for e in SPLIT["heldout"]} == {"adamw", "sgd"}
+    held_magnitudes = {(e["family"], e["m"]) for e in SPLIT["heldout"]}
+    tuned_magnitudes = {(e["family"], e["m"]) for e in SPLIT["tuning"]}
+    assert len(held_magnitudes - tuned_magnitudes) >= len(FAMILIES)  # new magnitudes
+    assert len(SPLIT["healthy"]) >= 12
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_each_family_composes(family):
+    item = next(e for e in SPLIT["heldout"] if e["family"] == family)
+    overrides, plant = instance_overrides(item, {"compute_s": 0.05})
+    cfg = compose([*SPLIT["common"], *overrides])
+    assert plant.cause and cfg.budget.seed == item["seed"]
+    cards = load_cards()
+    assert all(card in cards for card in plant.fix), plant.fix
+
+
+def test_strikes_follow_the_three_strike_rule():
+    assert _strikes(["a", "b", "fix"], {"fix"}) == {"strikes": 2, "fixed": True, "tests": 3}
+    assert _strikes(["a", "b", "c", "fix"], {"fix"})["fixed"] is False  # escalated first
+    assert _strikes(["a"], {"fix"}) == {"strikes": 3, "fixed": False, "tests": 1}
+    result = {
+        "fix": ["lr_down_10x"],
+        "findings": [{"id": "lr_too_high_config", "cards": ["lr_down_10x"]}],
+        "config": {"model": {"placement": "pre"}},
+    }
+    import numpy as np
+
+    orders = card_orders(result, load_cards(), np.random.default_rng(0))
+    assert orders["hyprun"] == {"strikes": 0, "fixed": True, "tests": 1}
+    assert orders["classic"]["strikes"] == 0  # the report's 85% LR card comes first
+    assert 1.0 < orders["random"]["strikes"] <= 3.0
+
+
+def test_one_fault_and_its_healthy_reference_end_to_end(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    fault = "duplicates@0.6/tiny2/adamw/s0"
+    results = run_sets(["tuning"], [fault], tmp_path)
+    assert set(results) == {"tiny2_adamw", fault}
+    assert all(r["error"] is None for r in results.values()), results
+    assert results["tiny2_adamw"]["findings"] == []
+    assert rank_of(results[fault]) == 1
+    assert name_of(SPLIT["tuning"][5]) == fault
