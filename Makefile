@@ -17,8 +17,8 @@ BROWSER ?= tests/e2e/install_chromium.sh
 PARALLEL ?=
 FAST := -m "not slow and not slurm and not browser"
 
-.PHONY: setup demo test test-fast lint bench bench-commands bench-demo bench-diagnosis bench-faults \
-	gpu-check clean
+.PHONY: setup demo test test-fast lint bench bench-commands bench-demo bench-diagnosis bench-split \
+	bench-faults gpu-check clean
 
 $(BIN)/hyprun: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -59,6 +59,9 @@ gpu-check: setup
 
 bench-diagnosis: setup
 	$(BIN)/python -m bench.diagnosis
+
+bench-split: setup
+	$(BIN)/python -m bench.diagnosis.split
 
 bench-faults: setup
 	$(BIN)/python -m bench.faults

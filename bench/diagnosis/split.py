@@ -144,10 +144,14 @@ def run_entry(
     return out
 
 
-def run_sets(sets: list[str], only: list[str] | None, workdir: Path) -> dict[str, dict]:
+def run_sets(
+    sets: list[str], only: list[str] | None, workdir: Path, extra: list[str] = ()
+) -> dict[str, dict]:
     """Run the chosen sets (with the healthy references they need first); returns results by
-    name, continuing from workdir/split.json."""
+    name, continuing from workdir/split.json. `extra` overrides go after the common ones (a
+    test's smaller budget)."""
     split = load_split()
+    split["common"] = [*split["common"], *extra]
     store = workdir / "split.json"
     results: dict[str, dict] = json.loads(store.read_text()) if store.exists() else {}
     healthy = split["healthy"]
