@@ -9,7 +9,13 @@ from hydra import compose as hydra_compose
 from hydra import initialize_config_dir, initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
-from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import (
+    ConfigCompositionException,
+    HydraException,
+    MissingConfigException,
+    OverrideParseException,
+)
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
@@ -61,6 +67,8 @@ def compose(
         raise BadInput(_composition(e, config_dir)) from None
     except OmegaConfBaseException as e:
         raise BadInput(_omegaconf(e)) from None
+    except ValueError as e:  # Hydra's own checks past its parser, e.g. a group override of 0.1
+        raise BadInput(f"{one_line(e)}: check the overrides {' '.join(overrides)}") from None
     return cfg
 
 
@@ -85,6 +93,33 @@ def _compose_app(
     with open_dict(job):
         del job["hydra"]
     return job
+
+
+def check_overrides(overrides: Sequence[str]) -> None:
+    """Refuse, one override at a time, what a user's list must not hold: text Hydra cannot
+    parse, an empty key (`=0.1`), a package (`@pkg`), a sweep (`a=1,2`) where one value is
+    meant, or a key given twice (which value is meant?). compose() itself takes a key twice:
+    a test's delta is composed on top of its baseline's overrides and wins."""
+    parser = OverridesParser.create()
+    seen: dict[str, str] = {}
+    for text in overrides:
+        try:
+            [override] = parser.parse_overrides([text])
+        except HydraException as e:
+            raise BadInput(
+                f"cannot parse an override {text!r} ({one_line(e)}): write key=value"
+            ) from None
+        key = override.key_or_group
+        if not key or override.package is not None:
+            raise BadInput(f"{text!r} names no config key: write key=value, e.g. optim.lr=3e-4")
+        if override.is_sweep_override():
+            raise BadInput(
+                f"{text} is a sweep over several values: give one value, "
+                "or search them with 'hyprun sweep'"
+            )
+        if key in seen:
+            raise BadInput(f"{key} is given twice ({seen[key]} and {text}): keep one")
+        seen[key] = text
 
 
 def one_line(error: BaseException) -> str:

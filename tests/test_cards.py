@@ -25,6 +25,7 @@ from hypotheses.schema import (
     override_key,
 )
 from runner.compose import compose
+from runner.errors import BadInput
 
 CARDS = load_cards()
 PATTERNS = load_tables(TABLES_DIR)
@@ -482,3 +483,25 @@ def test_not_a_regular_file(tmp_path: Path):
     os.mkfifo(fifo)
     refused(fifo, "not a regular file")
     refused(tmp_path, "not a regular file")
+
+
+@pytest.mark.parametrize("card_id", sorted(CARDS))
+def test_group_switches_are_pinned_or_declared_compound(card_id: str):
+    """The controller's rule on the default baseline: a card passes it as one variable, and
+    declares `compound` exactly when its switch also moves keys both choices share."""
+    from runner.control.one_variable import measure
+
+    card = CARDS[card_id]
+    try:
+        delta = measure([], list(card.delta), compound=bool(card.compound))
+    except BadInput as refused:
+        assert "changes nothing" in str(refused), refused  # the default already has it
+        return
+    assert bool(delta.compound) == bool(card.compound), (card_id, delta.compound)
+
+
+def test_compound_needs_its_reason(tmp_path: Path):
+    path = write(tmp_path, VALID + "compound: true\n")
+    refused(path, "compound: needs the reason")
+    card = load_card(write(tmp_path, VALID + "compound: the preset as a whole\n"))
+    assert card.compound == "the preset as a whole"

@@ -342,3 +342,62 @@ def test_a_baseline_recorded_before_triage_still_reports(workdir):
     assert "_no static check recorded_" in md and "_no hypothesis tested yet_" in md
     assert (workdir / "out" / "eval_loss.png").is_file()
     Page(page.read_text())
+
+
+def diverging_seed(store: Store, parent: str, seed: int, values: list[float]) -> str:
+    """A seed job whose eval/loss takes `values` at the token marks (1e300, inf, NaN...)."""
+    run = store.child(parent, f"seed {seed}", {"hyprun.seed": str(seed), "hyprun.tokens": BUDGET})
+    metrics = [Metric("eval/loss", v, 0, mark) for v, mark in zip(values, MARKS, strict=False)]
+    store.client.log_batch(run, metrics=metrics, params=[Param("budget.tokens", str(BUDGET))])
+    store.finish(run, "FAILED")
+    return run
+
+
+def test_any_investigation_renders(workdir):
+    """Empty, diverged (huge, inf and NaN values: the fsum overflow of issue 12), compound,
+    escalated and reset investigations all render, with every image loaded."""
+    store = Store(f"sqlite:///{workdir}/mlflow.db", "hyprun")
+    store.create("empty", "a baseline that never recorded")
+    markdown, _ = write_report(store, store.find_any("empty"), workdir / "empty")
+    assert "_no hypothesis tested yet_" in markdown.read_text()
+
+    parent = store.create("inv", "note")
+    seeds = [seed_run(store, parent, s, 5.5) for s in (0, 1)]
+    baseline = {"overrides": [], "seeds": 2, "git_sha": "0" * 40, "config_hash": "x"}
+    store.tag(parent, {"hyprun.baseline": json.dumps({**baseline, "seed_runs": seeds})})
+    diverged = {"status": "rejected", "reason": "diverged", "effect": None, "noise": None}
+    huge = [[5.4, 1.7e308, 1.7e308], [5.4, float("inf"), float("nan")]]
+    for number, values in enumerate(huge, start=1):
+        run = add_test(store, parent, number, [f"optim.lr={30 * number}"], diverged)
+        store.tag(run, {"hyprun.strike": "true"})
+        store.metrics(run, {"effect": float("nan"), "noise": float("nan")})
+        for seed in (0, 1):
+            diverging_seed(store, run, seed, values)
+    compound = add_test(
+        store, parent, 3, ["sched=cosine_warm_restarts"], diverged, {"hyprun.strike": "true"}
+    )
+    store.tag(compound, {"hyprun.compound": "sched.min_lr_ratio,sched.warmup_frac"})
+    seed_run(store, compound, 0, 1e12)  # finite but far off: a log scale keeps both readable
+    state = store.find_any("inv")
+    assert state.escalated and state.strikes == 3
+    markdown, page = write_report(store, state, workdir / "escalated")
+    text = markdown.read_text()
+    assert "3/3 strikes — escalated" in text
+    assert "(compound: also sched.min_lr_ratio, sched.warmup_frac)" in text
+    assert "| H1 | `optim.lr=30` | rejected | — |" in text, text  # no effect to show: a dash
+    assert "nan" not in text.lower().replace("nano", "")
+    Page(page.read_text())
+    assert (workdir / "escalated" / "eval_loss.png").is_file()
+
+    store.tag(
+        parent,
+        {
+            "hyprun.reset.9999999999999": json.dumps(
+                {"by": "ana", "reason": "go", "time": 9999999999999}
+            )
+        },
+    )
+    state = store.find_any("inv")
+    assert state.strikes == 0 and not state.escalated
+    markdown, _ = write_report(store, state, workdir / "reset")
+    assert "Reset**: by ana: go" in markdown.read_text()

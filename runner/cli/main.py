@@ -163,6 +163,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     """Where an investigation stands: baseline, tests, verdicts, strikes, Slurm jobs."""
+    from rich.markup import escape
     from rich.table import Table
 
     from runner.launch.launchers import slurm_states
@@ -173,6 +174,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         {
             "test": f"H{t.number}",
             "delta": " ".join(t.delta),
+            "compound": t.compound,
             "card": t.card,
             "verdict": t.verdict,
             "effect": t.tags.get("hyprun.effect", ""),
@@ -197,6 +199,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(json.dumps(document, indent=2))
         return 0
     title = f"{state.name}: {state.strikes} strike(s)" + (" — escalated" if state.escalated else "")
+    title = escape(title)  # names and deltas are the user's text, not rich markup
     table = Table(title=title, title_justify="left")
     columns = ["test", "delta", "verdict", "effect", "seeds", "stopped", "reason"]
     columns += ["slurm"] if jobs else []
@@ -204,8 +207,10 @@ def cmd_status(args: argparse.Namespace) -> int:
         table.add_column(column, overflow="fold")
     for row in rows:
         slurm = " ".join(f"{job}:{state}" for job, state in row["slurm"].items())
+        if row["compound"]:
+            row = {**row, "delta": f"{row['delta']} (compound: {', '.join(row['compound'])})"}
         cells = [row[column] for column in columns if column != "slurm"]
-        table.add_row(*cells, *([slurm] if jobs else []))
+        table.add_row(*(escape(str(cell)) for cell in cells), *([slurm] if jobs else []))
     Console(highlight=False).print(table)
     return 0
 
@@ -254,8 +259,17 @@ def cmd_reset(args: argparse.Namespace) -> int:
     return 0
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse whose refusal is one line, exit 2, like every other refusal (its own is the
+    usage text plus the error; `hyprun test -x` is an option argparse does not know)."""
+
+    def error(self, message: str) -> None:
+        text = " ".join(f"{self.prog}: {message}".split())
+        self.exit(2, f"hyprun: {text} (see '{self.prog} --help')\n")
+
+
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         prog="hyprun", description="Diagnose ML training problems by evidence, not guesswork."
     )
     sub = p.add_subparsers(dest="command", required=True)
@@ -352,7 +366,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         code = args.fn(args)
     except (BadInput, JobsFailed, TrackingOffline) as error:
-        console.print(f"hyprun: {error}", markup=False)
+        console.print(f"hyprun: {' '.join(str(error).split())}", markup=False)  # one line
         code = error.exit_code
     sys.exit(code)
 

@@ -15,6 +15,7 @@ Opened from disk the page runs no network request.
 from __future__ import annotations
 
 import html
+import math
 import re
 import statistics
 from dataclasses import dataclass, field
@@ -260,6 +261,8 @@ def _test_row(store: Store, test: Test, budget: int | None, baseline: dict | Non
     decided = test.verdict in ("confirmed", "rejected", "inconclusive")
     saved = max(0, planned - spent) if decided else 0
     delta = " ".join(test.delta) + (f" → {' '.join(test.fix)}" if test.fix != test.delta else "")
+    if test.compound:
+        delta += f" (compound: also {', '.join(test.compound)})"
     row = [
         f"H{test.number}",
         delta,
@@ -331,19 +334,31 @@ def _numbers(numbers: dict[str, Any]) -> str:
 # ---------------------------------------------------------------------------------------- plots
 
 
+PLOT_LIMIT = 1e30
+"""Values beyond it (a diverging run: 1e300, inf, NaN) cannot be drawn beside a loss of 5 and
+overflow the mean; they are left out of the plot. The hypothesis table has the numbers."""
+
+
 def _band(store: Store, run_ids: list[str], metric: str):
-    """(tokens, mean, low, high) over seeds at the token marks all seeds logged."""
+    """(tokens, mean, low, high) over seeds at the token marks all seeds logged, drawable
+    values only (a mark where a seed diverged ends the band)."""
     curves = [dict(store.history(r, metric)) for r in run_ids]
     curves = [c for c in curves if c]
     if not curves:
         return None
-    marks = sorted(set.intersection(*(set(c) for c in curves)))
-    values = [[c[m] for c in curves] for m in marks]
+    marks = []
+    for mark in sorted(set.intersection(*(set(c) for c in curves))):
+        values = [c[mark] for c in curves]
+        if not all(math.isfinite(v) and abs(v) < PLOT_LIMIT for v in values):
+            break
+        marks.append((mark, values))
+    if not marks:
+        return None
     return (
-        marks,
-        [statistics.fmean(v) for v in values],
-        [min(v) for v in values],
-        [max(v) for v in values],
+        [mark for mark, _ in marks],
+        [statistics.fmean(values) for _, values in marks],
+        [min(values) for _, values in marks],
+        [max(values) for _, values in marks],
     )
 
 
@@ -364,6 +379,8 @@ def plot(store: Store, state: State, metric: str, path: Path) -> Path | None:
             label = f"H{test.number} {' '.join(test.fix)} ({test.verdict})"
             (line,) = ax.plot(band[0], band[1], marker=".", label=label)
             ax.fill_between(band[0], band[2], band[3], alpha=0.1, color=line.get_color())
+    if ax.get_ylim()[0] > 0 and ax.get_ylim()[1] > 1e3 * ax.get_ylim()[0]:
+        ax.set_yscale("log")  # a test far off the baseline: both still readable
     ax.set_xlabel("tokens seen")
     ax.set_ylabel(metric)
     ax.set_title(f"{state.name}: {metric}")

@@ -8,6 +8,40 @@ Jobs run in this process, one after another (importing torch and DeepSpeed costs
 process; a tiny job takes about as long), or on Slurm with `hydra/launcher=slurm_cpu|slurm_8xa100`
 among the baseline's overrides: then all seeds run at once, and every test of the investigation
 runs where its baseline ran (runner/launch/launchers.py).
+
+What a strike is. A test is a proposed fix; a *strike* is a failed one: a test whose verdict is
+`rejected` (worse than the baseline, short of the card's minimum effect, a guard regressed,
+stopped early, or diverged, before its first evaluation too). `inconclusive`, `error` (jobs
+crashed or were cancelled: no evidence) and refusals are not strikes. Strikes count the
+current run of failed fixes, in test-number (claim) order: the rejected tests since the last
+human `reset` that come after the last `confirmed` test. A confirmed test ends a run: it is
+offered for promotion at once (`hyprun verify H<n> --promote`), and three rejections after it
+start the count again from one. Three strikes in a row escalate: the method reads three failed
+fixes in a row as a question about the architecture, the data or the recipe, for a human.
+
+The investigation's invariants (tests/test_invariants.py checks them with generated input
+against the real CLI and a real store):
+
+1. Bad input is refused before anything is written: the overrides, the composed config and
+   the job it describes (`preflight_test`: values, batch geometry, model, optimizer and
+   schedule built as the job builds them) are checked before a test takes its number. A
+   refusal is one line, exit code 2 (3 when escalated), and adds no run, param or tag.
+2. A valid test is never refused because of earlier bad input: refused input leaves nothing
+   behind that a later test could trip on.
+3. Exit codes are 0 (a verdict), 1 (the test ended `error`), 2 (refused), 3 (escalated) and
+   75 (interrupted, rerun to resume); nothing else, and no traceback.
+4. No test run stays RUNNING without a live controller: a fault inside a claimed test ends
+   it `error`; a controller killed outright leaves it to the same command's rerun, which
+   resumes it (`orphaned`).
+5. Strikes are derived, never counted: they equal the tests tagged `hyprun.strike=true` in
+   the current run of failures (above), and the investigation is escalated exactly when
+   they reach three, until a human reset.
+6. Every decided test, early-rejected too, carries its verdict's numbers as metrics
+   (`effect/<metric>`, `noise/<metric>`, both sides' means and spreads; effect and noise NaN
+   where a diverged test has none), written in one place (`aggregates`), so the runs table
+   sorted by effect lists every test.
+7. A group switch changes one variable or is declared compound by its card (one_variable.py),
+   and a compound test is labelled so (`hyprun.compound`) in its run name, status and report.
 """
 
 from __future__ import annotations
@@ -26,6 +60,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 from rich.console import Console
+from rich.markup import escape
 
 from diag.effect import change, describe, metric_key
 from diag.metric import MetricSpec
@@ -33,7 +68,7 @@ from diag.sequential import Design, plan
 from diag.verdict import compare, early_reject, load_params
 from hypotheses.schema import Card, load_cards
 from runner import markdown, provenance
-from runner.compose import compose
+from runner.compose import compose, one_line
 from runner.control.notify import notify
 from runner.control.one_variable import Delta, measure
 from runner.errors import BadInput, JobsFailed
@@ -226,7 +261,7 @@ def seed_noise(
 
 def choose(argument: list[str], cards: dict[str, Card]) -> tuple[Card | None, list[str]]:
     """A card id, or overrides."""
-    if len(argument) == 1 and "=" not in argument[0]:
+    if len(argument) == 1 and "=" not in argument[0] and not argument[0].startswith("~"):
         card = cards.get(argument[0])
         if card is None:
             raise BadInput(
@@ -254,10 +289,30 @@ def check_drift(state: State) -> None:
         )
 
 
+def admit(state: State, number: float = math.inf) -> None:
+    """Refused unless fewer than three tests of the current run of failures, numbered ahead of
+    `number`, could still become strikes (rejected, or running): more could escalate the
+    investigation before this test's verdict counts."""
+    ahead = [
+        t for t in state.counted if 0 < t.number < number and t.verdict in ("running", "rejected")
+    ]
+    if len(ahead) >= STRIKES:
+        code = EXIT_ESCALATED if state.escalated else BadInput.exit_code
+        raise Refused(
+            code,
+            f"{len(ahead)} tests ahead could still take the last strikes: "
+            "wait for them ('hyprun status')",
+        )
+
+
 def claim(store: Store, state: State, delta: Delta, card: Card | None, why: str) -> tuple[str, int]:
     """Create the test's run, take its number, then count: a test only runs if, among the tests
     that could still become strikes, fewer than the strikes left hold a lower number. Numbers are
-    taken once each (`Store.number`), so two commands started together agree on their order."""
+    taken once each (`Store.number`), so two commands started together agree on their order.
+    The count runs first without a claim, so a refusal writes nothing; only a lost race (another
+    command claimed in between) leaves this test's run, ended `refused` (KILLED)."""
+    admit(state)
+    compound = {"hyprun.compound": ",".join(delta.compound)} if delta.compound else {}
     run_id = store.child(
         state.run_id,
         f"{delta.describe()} · claiming",
@@ -271,25 +326,19 @@ def claim(store: Store, state: State, delta: Delta, card: Card | None, why: str)
             "hyprun.why": why,
             "hyprun.claimed_ms": str(int(time.time() * 1000)),
             "hyprun.controller": controller_id(),
+            **compound,
         },
     )
     store.params(run_id, changed_params(delta))
     number = store.number(state, run_id)
     store.tag(run_id, {"hyprun.number": str(number)})
     store.rename(run_id, f"H{number} {delta.describe()} · running")
-    state = store.refresh(state)
-    ahead = [
-        t for t in state.counted if 0 < t.number < number and t.verdict in ("running", "rejected")
-    ]
-    if len(ahead) >= STRIKES:
+    try:
+        admit(store.refresh(state), number)
+    except Refused:
         store.tag(run_id, {"hyprun.verdict": "refused"})
         store.finish(run_id, "KILLED")
-        code = EXIT_ESCALATED if state.escalated else BadInput.exit_code
-        raise Refused(
-            code,
-            f"{len(ahead)} tests ahead could still take the last strikes: "
-            "wait for them ('hyprun status')",
-        )
+        raise
     return run_id, number
 
 
@@ -344,7 +393,7 @@ def refusals_as_outcomes(command: Callable[..., Outcome]) -> Callable[..., Outco
         try:
             return command(*args, **kwargs)
         except Refused as refused:
-            console.print(f"hyprun: {refused}")
+            console.print(f"hyprun: {one_line(refused)}", markup=False)
             return Outcome(refused.exit_code)
 
     return run
@@ -367,29 +416,61 @@ def test(
     card, overrides = choose(argument, load_cards())
     baseline_overrides = state.baseline["overrides"]
     app = app_of(state)
-    delta = measure(baseline_overrides, overrides, app)
+    delta = measure(baseline_overrides, overrides, app, compound=bool(card and card.compound))
+    if app is None:  # a user's app checks its own config when it runs
+        preflight_test(baseline_overrides, delta)  # bad input refused before anything is written
     design, cap = test_design(store, state, max_seeds, max_tokens)
     launcher = where_tests_run(state, launcher_overrides, f"H{len(state.tests) + 1}")
     earlier = state.tested(list(delta.overrides))
     if earlier is not None and orphaned(earlier):  # the same command again, after a crash
         test_run, number = earlier.run_id, earlier.number
         store.tag(test_run, {"hyprun.controller": controller_id()})
+        if not number:  # killed while taking its number
+            number = store.number(state, test_run)
+            store.tag(test_run, {"hyprun.number": str(number)})
         cancel_active(earlier.tags.get("slurm.jobs", ""))  # they checkpoint; resubmitted below
         console.print(f"H{number}: resuming the test a crashed controller left running")
     else:
         refuse_repeat(state, list(delta.overrides))
         test_run, number = claim(store, state, delta, card, why)
-
     label = f"H{number} {delta.describe()}"
+    try:
+        return run_test(store, state, test_run, number, label, delta, card, launcher, (design, cap))
+    except Exception as error:  # a fault of ours, not evidence: the test ends, no strike
+        if store.run(test_run).info.status != "RUNNING":
+            raise
+        return record_error(store, test_run, label, error)
+
+
+def preflight_test(baseline_overrides: list[str], delta: Delta) -> None:
+    """The test's composed job checked as its seed jobs will check it (validate(), the batch
+    geometry, the model, optimizer and schedule built without training), before a claim."""
+    from runner.job.train import preflight  # torch: only once a test is about to run
+
+    cfg = compose([*baseline_overrides, *delta.overrides])
+    preflight(cfg, build_data=any(key.startswith("data.") for key in delta.changes))
+
+
+def run_test(
+    store: Store,
+    state: State,
+    test_run: str,
+    number: int,
+    label: str,
+    delta: Delta,
+    card: Card | None,
+    launcher: InProcess | Slurm,
+    rounds: tuple[Design, str],
+) -> Outcome:
+    """Run a claimed test's seeds and record its verdict."""
+    app = app_of(state)
     primary = card.primary if card else DEFAULT_PRIMARY
     guards = list(card.guards) if card else []
     if app is not None:  # the app's declared metric stands in for our eval/loss
         primary = app.metric(card.primary if card else None)
         guards = [app.metric(g) for g in guards]
     try:
-        verdict = in_rounds(
-            store, state, test_run, label, delta, launcher, (design, cap), primary, guards
-        )
+        verdict = in_rounds(store, state, test_run, label, delta, launcher, rounds, primary, guards)
     except Exception as error:  # jobs failed, or nothing to compare (ValueError): no strike
         return record_error(store, test_run, label, error)
     extra = {"hyprun.claimed": card.claimed.effect} if card and card.claimed else {}
@@ -672,7 +753,7 @@ def record_error(store: Store, test_run: str, label: str, error: BaseException) 
     store.tag(test_run, {"hyprun.verdict": "error", "hyprun.reason": str(error)[:4000]})
     store.rename(test_run, f"{label} · error")
     store.finish(test_run, "FAILED")
-    console.print(f"{label}: error ({error}); not a strike")
+    console.print(escape(f"{label}: error ({one_line(error)}); not a strike"))
     return Outcome(1, label.split()[0], {"status": "error"})
 
 
@@ -685,19 +766,26 @@ VERDICT_NUMBERS = {  # verdict field -> metric name prefix; the primary metric i
 }
 
 
+HEADLINE = ("effect", "noise")
+"""Metric prefixes logged on every decided test run (NaN where a diverged test has none)."""
+
+
 def aggregates(verdict: dict[str, Any]) -> dict[str, float]:
     """The verdict's numbers as metrics of the test run, named for what they measure:
     `effect/eval_loss` (relative change, sign as measured: diag/effect.py), `noise/eval_loss`,
-    `test_mean/eval_loss`, ... One primary metric per column, so a sort never mixes units."""
+    `test_mean/eval_loss`, ... One primary metric per column, so a sort never mixes units.
+    Effect and noise are logged on every decided test, NaN where a diverged one has none, so
+    the runs table sorted by effect lists every test."""
     key = metric_key(verdict.get("metric") or DEFAULT_PRIMARY.metric)
     found = {f"effect/{key}": change(verdict)}
     found |= {f"{prefix}/{key}": verdict.get(field) for field, prefix in VERDICT_NUMBERS.items()}
     found["tokens_saved_frac"] = verdict.get("tokens_saved")
-    return {
+    numbers = {
         name: float(value)
         for name, value in found.items()
         if isinstance(value, int | float) and math.isfinite(value)
     }
+    return {**{f"{name}/{key}": math.nan for name in HEADLINE}, **numbers}
 
 
 def rounds_tags(verdict: dict[str, Any]) -> dict[str, str]:
@@ -741,7 +829,13 @@ def record_verdict(
     store.finish(test_run)
     state = store.refresh(state)
     store.note(state.run_id, summary(state))
-    console.print(f"{run_name(label, verdict)} — {verdict['reason']}")
+    console.print(escape(f"{run_name(label, verdict)} — {verdict['reason']}"))
+    if verdict["status"] == "confirmed":
+        number = label.split()[0]
+        console.print(
+            f"{number} ends the run of failed fixes; make it the baseline with "
+            f"'hyprun verify {number} --promote'"
+        )
     if state.escalated:
         escalate(store, state)
     return Outcome(0, label.split()[0], verdict)
@@ -788,17 +882,29 @@ class EarlyRejection:
         saved = 1.0 - spent / (self.budget * seeds)
         reason = f"rejected early: {self.stop.reason}"
         return {
+            **self.numbers(),
             "status": "rejected",
             "early": True,
             "metric": self.primary.metric,
             "reason": reason,
-            "effect": None,
-            "noise": None,
             "z": self.stop.z,
             "tokens": self.stop.tokens,
             "tokens_spent": spent,
             "tokens_saved": saved,
         }
+
+    def numbers(self) -> dict[str, Any]:
+        """The comparison where the test was stopped (effect, noise, both sides' means and
+        spreads), as a full test reports them at its end; None where it has none."""
+        cut = self.stop.tokens
+        base = {s: [p for p in pts if p[0] <= cut] for s, pts in self.baseline.items()}
+        ours = {s: [p for p in pts if p[0] <= cut] for s, pts in self.partial.items()}
+        try:
+            found = compare(base, ours, self.primary).to_dict()
+        except ValueError:  # nothing comparable at the stop mark
+            found = {}
+        keys = ("effect", "noise", "test_value", "test_sigma", "baseline_value", "baseline_sigma")
+        return {key: found.get(key) for key in keys}
 
 
 def decide(
@@ -820,6 +926,7 @@ def decide(
     test_runs = [r.run_id for r in results]
     ours = {m.metric: _curves(store, test_runs, m.metric) for m in metrics}
     diverged = any(r.status == "diverged" for r in results)
+    diverged_early(store, results, ours[primary.metric])
     blown = [
         int(run.data.tags.get("hyprun.seed", "0"))
         for run in map(store.run, baseline_runs)
@@ -840,6 +947,21 @@ def decide(
     return verdict.to_dict()
 
 
+def diverged_early(
+    store: Store, results: list[JobResult], curves: dict[int, list[tuple[int, float]]]
+) -> None:
+    """A seed that diverged before its first evaluation has no point to compare; its job
+    recorded the token count where the loss became NaN/inf. That mark goes in as NaN, so the
+    verdict is `rejected — diverged` (a failed fix, a strike), not an error."""
+    for result in results:
+        if result.status != "diverged":
+            continue
+        seed = int(store.run(result.run_id).data.tags.get("hyprun.seed", "0"))
+        points = curves.get(seed, [])
+        if not any(math.isfinite(value) for _, value in points):
+            curves[seed] = [*points, (result.tokens, math.nan)]
+
+
 def escalate(store: Store, state: State) -> None:
     """Three strikes: stop, and hand a human the evidence and the fundamental questions.
 
@@ -855,7 +977,8 @@ def escalate(store: Store, state: State) -> None:
     lines = [
         f"# Escalation: investigation {state.name}",
         "",
-        f"{state.strikes} hypotheses were rejected. hyprun refuses further tests until a human "
+        f"{state.strikes} hypotheses in a row were rejected. hyprun refuses further tests "
+        "until a human "
         "decides (`hyprun reset --by NAME --reason ...`).",
         "",
         f"Baseline: `{' '.join(state.baseline['overrides']) or 'defaults'}`, "
@@ -867,7 +990,7 @@ def escalate(store: Store, state: State) -> None:
         [
             [
                 f"H{t.number}",
-                f"`{' '.join(t.delta)}`",
+                f"`{' '.join(t.delta)}`" + (" (compound)" if t.compound else ""),
                 t.verdict,
                 t.tags.get("hyprun.effect", ""),
                 t.tags.get("hyprun.reason", ""),
@@ -876,6 +999,14 @@ def escalate(store: Store, state: State) -> None:
             for t in state.tests
         ],
     )
+    promoted = state.baseline.get("promoted_from")
+    fixes = [f"H{t.number}" for t in state.confirmed if f"H{t.number}" != promoted]
+    if fixes:
+        lines += [
+            "",
+            f"Confirmed before this run of failures: {', '.join(fixes)}. Make one the baseline "
+            f"with `hyprun verify {fixes[-1]} --promote` after the reset, or decide why not.",
+        ]
     lines += [
         "",
         "## Questions for a human",

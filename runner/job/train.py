@@ -341,14 +341,65 @@ def _progress(show: bool, plan: Plan, start_step: int):
 
 
 def _build(name: str, node: DictConfig):
-    """Instantiate a `_target_` config; a constructor's ValueError is the user's bad input."""
+    """Instantiate a `_target_` config; a constructor's ValueError, or a TypeError (an argument
+    it does not take, a value of the wrong type), is the user's bad input."""
     try:
         return instantiate(node, _convert_="all")
     except Exception as error:
-        cause = error.__cause__ if isinstance(error.__cause__, ValueError) else error
-        if isinstance(cause, ValueError | FileNotFoundError):
+        refused = ValueError | TypeError | FileNotFoundError
+        cause = error.__cause__ if isinstance(error.__cause__, refused) else error
+        if isinstance(cause, refused):
             raise BadInput(f"{name}: {one_line(cause)}") from None
         raise
+
+
+MAX_PARAMS = 10**13
+"""Larger than any model this job can train (40 TB of fp32 weights): a config past it is a typo
+or an attack, refused before the job builds anything."""
+
+
+def preflight(cfg: DictConfig, build_data: bool = False) -> None:
+    """What run() refuses before its first step, checked without training or recording: the
+    values, the batch geometry, and the model (on the meta device: no memory), optimizer and
+    schedule built by the job's own constructors. The controller runs it before a test takes
+    its number, so bad input claims nothing. `build_data`: also open the data source (a test
+    that changes data.*; the baseline's opened when it ran)."""
+    validate(cfg)
+    Plan.of(cfg, world=1)
+    if build_data:
+        _build("data.source", cfg.data.source)
+    model_cfg = _probe_model(cfg.model)
+    with torch.device("meta"):
+        model = _build("model", model_cfg)
+    try:
+        build_optimizer(model, cfg.optim)
+    except Exception as error:  # torch's own checks (lr, betas, eps), or an unknown argument
+        cause = error.__cause__ or error
+        raise BadInput(f"optim: {one_line(cause)}") from None
+    _build("sched", cfg.sched)
+
+
+def _probe_model(model: DictConfig) -> DictConfig:
+    """The built-in GPT with its size checked and one block (every block takes the same
+    arguments, and building thousands of them takes minutes even on the meta device); any
+    other model as given."""
+    from diag.memory import count_params
+
+    if not str(model.get("_target_", "")).endswith(".GPT"):
+        return model
+    try:
+        params = count_params(OmegaConf.to_container(model, resolve=True))
+    except (TypeError, ValueError, KeyError):
+        return model  # a value count_params cannot read: the constructor names it
+    if params > MAX_PARAMS:
+        raise BadInput(
+            f"the model would have {params:.3g} parameters (model.n_layer={model.n_layer}, "
+            f"model.d_model={model.d_model}): beyond any device; check the values"
+        )
+    probe = model.copy()
+    if isinstance(model.n_layer, int) and model.n_layer > 1:
+        probe.n_layer = 1
+    return probe
 
 
 def _open_tracker(cfg: DictConfig, dist, previous_run: str | None, folder: Path) -> Tracker:

@@ -85,5 +85,7 @@ def _number(cfg: DictConfig, key: str, lower: float, lower_open: bool = False) -
 def _get(cfg: DictConfig, key: str):
     node = cfg
     for part in key.split("."):
+        if not isinstance(node, DictConfig) or part not in node:
+            raise BadInput(f"{key} is missing from the config: the job needs it; set {key}=VALUE")
         node = node[part]
     return node

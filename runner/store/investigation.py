@@ -66,6 +66,11 @@ class Test:
         return json.loads(self.tags.get("hyprun.best_delta", "null")) or self.delta
 
     @property
+    def compound(self) -> list[str]:
+        """For a switch a card declared compound: the shared keys it changes too."""
+        return [k for k in self.tags.get("hyprun.compound", "").split(",") if k]
+
+    @property
     def evidence_run(self) -> str:
         """The run whose seed jobs hold the evidence: the test's own, or a sweep's best trial."""
         return self.tags.get("hyprun.best_run", self.run_id)
@@ -101,10 +106,18 @@ class State:
         return seed
 
     @property
-    def counted(self) -> list[Test]:
-        """Tests since the last human reset: the ones strikes are counted over."""
+    def since_reset(self) -> list[Test]:
+        """Tests claimed since the last human reset."""
         since = self.resets[-1]["time"] if self.resets else 0
         return [t for t in self.tests if t.started >= since]
+
+    @property
+    def counted(self) -> list[Test]:
+        """The current run of failed fixes: tests since the last human reset numbered after
+        the last confirmed one (a fix that worked ends a run; runner/control/controller.py)."""
+        tests = self.since_reset
+        last = max((t.number for t in tests if t.verdict == "confirmed"), default=0)
+        return [t for t in tests if t.number > last or t.number == 0]
 
     @property
     def strikes(self) -> int:
