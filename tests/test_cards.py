@@ -502,6 +502,6 @@ def test_group_switches_are_pinned_or_declared_compound(card_id: str):
 
 def test_compound_needs_its_reason(tmp_path: Path):
     path = write(tmp_path, VALID + "compound: true\n")
-    refused(path, "compound: needs the reason")
+    refused(path, "compound: Input should be a valid string")
     card = load_card(write(tmp_path, VALID + "compound: the preset as a whole\n"))
     assert card.compound == "the preset as a whole"
