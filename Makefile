@@ -16,6 +16,8 @@ BROWSER ?= tests/e2e/install_chromium.sh
 # Serial by default: on 2 shared cores -n 2 was not shown to help (README, "Tests").
 PARALLEL ?=
 FAST := -m "not slow and not slurm and not browser"
+# The browser tests' screenshots (what a user sees in the MLflow UI): CI keeps this folder.
+HYPRUN_SCREENSHOTS ?= .hyprun/screenshots
 
 .PHONY: setup demo test test-fast lint bench bench-commands bench-demo bench-diagnosis bench-split \
 	bench-faults gpu-check clean
@@ -38,6 +40,7 @@ test: setup
 	$(if $(SLURM),$(SLURM))
 	$(if $(BROWSER),$(BROWSER))
 	HYPRUN_REQUIRE_SLURM=$(if $(SLURM),1,0) HYPRUN_REQUIRE_BROWSER=$(if $(BROWSER),1,0) \
+		HYPRUN_SCREENSHOTS=$(abspath $(HYPRUN_SCREENSHOTS)) \
 		$(BIN)/python -m pytest -q tests $(PARALLEL) --durations=15
 
 test-fast: setup

@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from mlflow.tracking import MlflowClient
 
 from runner.cli.demo import run_demo
+from runner.cli.main import main as hyprun
 from runner.store.investigation import Store
 
 pytestmark = pytest.mark.slow  # the whole demo: two investigations, minutes on 2 cores
 
 
-def test_demo_fixes_one_fault_and_escalates_the_other(workdir):
+def test_demo_fixes_one_fault_and_escalates_the_other(workdir, capsys, monkeypatch):
     store = Store(f"sqlite:///{workdir}/mlflow.db", "hyprun-demo")
     names = run_demo(store)
+    printed = capsys.readouterr().out
 
     fixed = store.find_any(names["fixed"])
     assert [t.verdict for t in fixed.tests][-1] == "confirmed" and fixed.strikes < 3
@@ -26,3 +30,25 @@ def test_demo_fixes_one_fault_and_escalates_the_other(workdir):
     client = MlflowClient(tracking_uri=store.uri)
     artifacts = [a.path for a in client.list_artifacts(escalated.run_id)]
     assert "escalation.md" in artifacts and "diagnosis.json" in artifacts
+
+    # Every output points back to the evidence: the escalation names the finding no test touched.
+    assert escalated.findings[0]["id"] == "noisy_labels"
+    assert [f["id"] for f in escalated.untested][:1] == ["noisy_labels"]
+    report = client.download_artifacts(escalated.run_id, "escalation.md", str(workdir))
+    text = Path(report).read_text()
+    assert "The evidence pointed at noisy_labels" in text and "**not tested yet**" in text
+    assert "not tested yet: noisy_labels" in printed
+    # The parent runs follow their investigations, and are named with their outcome.
+    for state, outcome in ((fixed, " · fixed by H"), (escalated, " · escalated after 3")):
+        parent = client.get_run(state.run_id)
+        assert outcome in parent.info.run_name, parent.info.run_name
+        last = max(client.get_run(t.run_id).info.end_time for t in state.tests)
+        assert parent.info.status == "FINISHED" and parent.info.end_time >= last
+    # The commands the demo prints find its investigations, from the config's experiment too.
+    for name in names.values():
+        assert f"hyprun status --investigation {name} --experiment hyprun-demo" in printed
+    assert "workflowType=machine_learning" in printed
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", store.uri)
+    with pytest.raises(SystemExit) as status:
+        hyprun(["status", "--investigation", names["escalated"]])
+    assert status.value.code == 0

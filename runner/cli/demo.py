@@ -14,9 +14,10 @@ from rich.console import Console
 from rich.rule import Rule
 
 from hypotheses.schema import cards_for, load_cards
+from runner.cli.where import where_to_look
 from runner.control import controller
 from runner.control.diagnose import diagnose
-from runner.store.investigation import Store
+from runner.store.investigation import Store, findings_lines
 
 COMMON = [
     "budget.tokens=65536",
@@ -36,8 +37,17 @@ def run_demo(store: Store, seeds: int = 3) -> dict[str, str]:
     fixed = planted_fault(store, f"demo-low-lr-{stamp}", seeds)
     escalated = data_problem(store, f"demo-noisy-labels-{stamp}", seeds)
     console.print(Rule("Compare the runs"))
-    console.print(f"mlflow ui --backend-store-uri {store.uri}   (experiment {store.experiment!r})")
+    for name in (fixed, escalated):
+        state = store.find_any(name)
+        console.print(f"{name}: {controller.headline(state)}", markup=False)
+        for line in where_to_look(store, state):
+            console.print(f"  {line}", markup=False)
     return {"fixed": fixed, "escalated": escalated}
+
+
+def show_findings(state) -> None:
+    for line in findings_lines(state):
+        console.print(line, markup=False)
 
 
 def planted_fault(store: Store, name: str, seeds: int) -> str:
@@ -45,7 +55,8 @@ def planted_fault(store: Store, name: str, seeds: int) -> str:
     state = controller.record_baseline(store, name, [*COMMON, *FAULT], seeds, "loss is flat")
     _, diagnosis = diagnose(store.uri, state.baseline["seed_runs"][0], store.experiment)
     findings = [f["id"] for f in diagnosis["findings"]]
-    console.print(f"diagnosis: question {diagnosis['question']}, findings {findings}")
+    console.print(f"diagnosis: question {diagnosis['question']}")
+    show_findings(state)
     for card in cards_for(findings, load_cards()):
         if not _changes_something(state, card.delta):
             continue
@@ -60,7 +71,9 @@ def planted_fault(store: Store, name: str, seeds: int) -> str:
 
 def data_problem(store: Store, name: str, seeds: int) -> str:
     console.print(Rule(f"Investigation {name}: the loss plateaus high"))
-    controller.record_baseline(store, name, [*COMMON, *DATA_PROBLEM], seeds, "plateau")
+    state = controller.record_baseline(store, name, [*COMMON, *DATA_PROBLEM], seeds, "plateau")
+    show_findings(state)
+    console.print("the classic plateau report's recipe tweaks, one at a time:")
     cards = load_cards()
     for card_id in REPORT_TWEAKS:
         outcome = controller.test(store, name, [card_id], cards[card_id].statement)
@@ -69,6 +82,7 @@ def data_problem(store: Store, name: str, seeds: int) -> str:
     # One more, to show that an escalated investigation refuses further tests.
     refused = controller.test(store, name, ["rmsnorm"], cards["rmsnorm"].statement)
     console.print(f"a fourth test after escalation: exit code {refused.exit_code}")
+    show_findings(store.find_any(name))  # the lesson: the evidence pointed elsewhere
     return name
 
 

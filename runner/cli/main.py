@@ -119,6 +119,7 @@ def _store(overrides: list[str] | None = None, experiment: str | None = None):
 
 def cmd_baseline(args: argparse.Namespace) -> int:
     """Record a baseline: k seeds of the config as controlled jobs, L0 checks, triage."""
+    from runner.cli.where import where_to_look
     from runner.control.controller import record_baseline
     from runner.launch.app import HydraApp
     from runner.launch.launchers import split
@@ -131,13 +132,16 @@ def cmd_baseline(args: argparse.Namespace) -> int:
     state = record_baseline(store, name, args.overrides, args.seeds, args.why, app)
     console.print(
         f"baseline of investigation {state.name!r} recorded ({args.seeds} seeds, "
-        f"parent run {state.run_id}); next: hyprun test CARD --why ..."
+        f"parent run {state.run_id})"
     )
     document = store.json_artifact(state.run_id, "diagnosis.json")
     if document:
         from runner.control.diagnose import render_top
 
         render_top(Console(highlight=False, soft_wrap=True), document)
+    for line in where_to_look(store, state)[:3]:
+        console.print(line, markup=False)
+    console.print("next: hyprun test CARD --why ...  (the top finding's cards first)")
     return 0
 
 
@@ -166,9 +170,12 @@ def cmd_status(args: argparse.Namespace) -> int:
     from rich.markup import escape
     from rich.table import Table
 
+    from runner.cli.where import where_to_look
     from runner.launch.launchers import slurm_states
+    from runner.store.investigation import findings_lines
 
-    state = _store(experiment=args.experiment).find(args.investigation)
+    store = _store(experiment=args.experiment)
+    state = store.find(args.investigation)
     jobs = slurm_states({t.run_id: t.tags.get("slurm.jobs", "") for t in state.tests})
     rows = [
         {
@@ -189,6 +196,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     ]
     document = {
         "investigation": state.name,
+        "experiment": store.experiment,
         "run_id": state.run_id,
         "baseline": state.baseline,
         "strikes": state.strikes,
@@ -211,7 +219,10 @@ def cmd_status(args: argparse.Namespace) -> int:
             row = {**row, "delta": f"{row['delta']} (compound: {', '.join(row['compound'])})"}
         cells = [row[column] for column in columns if column != "slurm"]
         table.add_row(*(escape(str(cell)) for cell in cells), *([slurm] if jobs else []))
-    Console(highlight=False).print(table)
+    out = Console(highlight=False, soft_wrap=True)
+    out.print(table)
+    for line in [*findings_lines(state), *where_to_look(store, state)[:3]]:
+        out.print(line, markup=False)
     return 0
 
 
@@ -231,12 +242,15 @@ def cmd_report(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from runner.cli.report import write_report
+    from runner.cli.where import where_to_look
 
     store = _store(experiment=args.experiment)
     state = store.find_any(args.investigation)
     out = Path(args.out or f".hyprun/reports/{state.name}")
     markdown, page = write_report(store, state, out)
     console.print(f"report: {markdown} and {page} (also on MLflow run {state.run_id}, report/)")
+    for line in where_to_look(store, state)[:3]:
+        console.print(line, markup=False)
     return 0
 
 

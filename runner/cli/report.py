@@ -154,6 +154,12 @@ def _facts(state: State, parent, diagnosis: dict, rows: list[TestRow]) -> list[t
         facts.append(("Prompted by", parent.data.tags["hyprun.why"]))
     status = f"{state.strikes}/{STRIKES} strikes" + (" — escalated" if state.escalated else "")
     facts.append(("Status", status))
+    if state.findings:
+        top = [f"{rank}. {f['id']} ({f['cause']})" for rank, f in enumerate(state.findings, 1)]
+        facts.append(("Triage's top findings", "; ".join(top)))
+    if state.findings and state.tests:
+        untested = [f"{f['id']} — first action: {f['first_action']}" for f in state.untested]
+        facts.append(("Not tested yet", "; ".join(untested) or "every top finding was tested"))
     fixes = [f"H{t.number} {' '.join(t.fix)}" for t in state.confirmed]
     facts.append(("Confirmed", ", ".join(fixes) or "no hypothesis yet"))
     if state.baseline:

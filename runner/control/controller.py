@@ -89,12 +89,15 @@ from runner.launch.launchers import (
     split,
 )
 from runner.store.investigation import (
+    ARM,
     STRIKES,
     State,
     Store,
     Test,
     baseline_claim_key,
     baseline_seed_key,
+    findings_lines,
+    save_views,
 )
 
 EXIT_ESCALATED = 3
@@ -172,7 +175,7 @@ def record_baseline(
     reachable(store.uri)
     launcher = launcher_for(launcher_overrides, *_slurm_names(name, "baseline"))
     parent = store.create(name, f"Baseline: {' '.join(overrides) or 'defaults'}. {why}".strip())
-    tags = {"hyprun.role": "baseline", "hyprun.investigation": name}
+    tags = {"hyprun.role": "baseline", "hyprun.investigation": name, ARM: "baseline"}
     jobs = [
         Job(job_config(store, overrides, seed, parent, f"baseline · seed {seed}", tags, app))
         for seed in range(seeds)
@@ -197,10 +200,68 @@ def record_baseline(
     store.metrics(parent, seed_noise(store, baseline["seed_runs"], noisy))
     _, document = diagnose(store.uri, results[0].run_id, store.experiment)
     store.text(parent, json.dumps(document, indent=2, default=str), "diagnosis.json")
+    findings = top_findings(document, load_cards())
+    store.tag(
+        parent, {"hyprun.findings": json.dumps(findings), "hyprun.question": _question(document)}
+    )
     state = store.find(name)
-    store.note(parent, summary(state, document))
-    store.finish(parent)  # recorded; tests still join it, and the UI shows it done, not running
+    save_views(store, state)
+    return settle(store, state)  # recorded; tests still join it, the UI shows it done
+
+
+TOP_FINDINGS = 3
+
+
+def top_findings(document: dict[str, Any], cards: dict[str, Card]) -> list[dict[str, Any]]:
+    """Triage's top findings as the investigation keeps them (a parent-run tag): what each
+    says, and the cards and config keys that would test it."""
+    found = []
+    for finding in document.get("findings", [])[:TOP_FINDINGS]:
+        testing = list(finding.get("cards", []))
+        testing += [
+            c.id for c in cards.values() if finding["id"] in c.triggers and c.id not in testing
+        ]
+        keys = sorted(
+            {entry.split("=")[0] for c in testing if c in cards for entry in cards[c].delta}
+        )
+        found.append(
+            {
+                "id": finding["id"],
+                "cause": str(finding.get("cause", ""))[:300],
+                "first_action": str(finding.get("first_action", ""))[:300],
+                "cards": testing,
+                "variables": keys,
+            }
+        )
+    return found
+
+
+def _question(document: dict[str, Any]) -> str:
+    return str(document.get("question") or "none")
+
+
+def settle(store: Store, state: State) -> State:
+    """The parent run follows the investigation, not its baseline: its description says where
+    it stands, its name the outcome, and it is running while a test runs and ends (end time:
+    now) when none does."""
+    state = store.refresh(state)
+    store.note(state.run_id, summary(state))
+    store.rename(state.run_id, f"{state.name} · {headline(state)}")
+    if not any(t.verdict == "running" for t in state.tests):
+        store.finish(state.run_id)
     return state
+
+
+def headline(state: State) -> str:
+    """The investigation at a glance: its fix, or its escalation, or its strikes so far."""
+    if state.confirmed:
+        fix = state.confirmed[-1]
+        return f"fixed by H{fix.number} {' '.join(fix.fix)} ({fix.tags.get('hyprun.effect', '')})"
+    if state.escalated:
+        return f"escalated after {state.strikes} rejections"
+    running = sum(t.verdict == "running" for t in state.tests)
+    done = f"{len(state.tests) - running} tested, {state.strikes}/{STRIKES} strikes"
+    return done + (f", {running} running" if running else "")
 
 
 def run_jobs(
@@ -339,6 +400,7 @@ def claim(store: Store, state: State, delta: Delta, card: Card | None, why: str)
         store.tag(run_id, {"hyprun.verdict": "refused"})
         store.finish(run_id, "KILLED")
         raise
+    store.reopen(state.run_id)  # the investigation runs again while its test does
     return run_id, number
 
 
@@ -428,6 +490,7 @@ def test(
         if not number:  # killed while taking its number
             number = store.number(state, test_run)
             store.tag(test_run, {"hyprun.number": str(number)})
+        store.reopen(state.run_id)
         cancel_active(earlier.tags.get("slurm.jobs", ""))  # they checkpoint; resubmitted below
         console.print(f"H{number}: resuming the test a crashed controller left running")
     else:
@@ -732,6 +795,7 @@ def seed_configs(
         "hyprun.investigation": state.name,
         "hyprun.variable": variable.variable if isinstance(variable, Delta) else variable,
         "hyprun.delta": json.dumps(list(delta)),
+        ARM: f"{label} {' '.join(delta)}",
     }
     count = state.baseline["seeds"] if seeds is None else seeds
     return [
@@ -753,6 +817,8 @@ def record_error(store: Store, test_run: str, label: str, error: BaseException) 
     store.tag(test_run, {"hyprun.verdict": "error", "hyprun.reason": str(error)[:4000]})
     store.rename(test_run, f"{label} · error")
     store.finish(test_run, "FAILED")
+    parent = store.run(store.run(test_run).data.tags["mlflow.parentRunId"])
+    settle(store, store.state(parent))
     console.print(escape(f"{label}: error ({one_line(error)}); not a strike"))
     return Outcome(1, label.split()[0], {"status": "error"})
 
@@ -826,9 +892,10 @@ def record_verdict(
     shown = {**verdict, "change": change(verdict), "shown": describe(verdict)}
     store.text(test_run, json.dumps(shown, indent=2, default=str), "verdict.json")
     store.rename(test_run, run_name(label, verdict))
+    for seed_run in store.seed_runs(test_run):  # the seed band is labelled with the outcome
+        store.tag(seed_run.info.run_id, {ARM: run_name(label, verdict)})
     store.finish(test_run)
-    state = store.refresh(state)
-    store.note(state.run_id, summary(state))
+    state = settle(store, state)
     console.print(escape(f"{run_name(label, verdict)} — {verdict['reason']}"))
     if verdict["status"] == "confirmed":
         number = label.split()[0]
@@ -971,6 +1038,10 @@ def escalate(store: Store, state: State) -> None:
         f"[bold red]Escalated[/]: {state.strikes} strikes. Report: escalation.md on run "
         f"{state.run_id}"
     )
+    for f in state.untested:
+        console.print(
+            f"  triage pointed at [bold]{f['id']}[/] and no test touched it: {f['first_action']}"
+        )
     me = f"{controller_id()}:{uuid.uuid4().hex[:8]}"  # threads of one process differ too
     if not store.once(state.run_id, f"escalation.{len(state.resets) + 1}", me):
         return
@@ -1007,6 +1078,7 @@ def escalate(store: Store, state: State) -> None:
             f"Confirmed before this run of failures: {', '.join(fixes)}. Make one the baseline "
             f"with `hyprun verify {fixes[-1]} --promote` after the reset, or decide why not.",
         ]
+    lines += ["", *escalation_findings(state)]
     lines += [
         "",
         "## Questions for a human",
@@ -1026,10 +1098,33 @@ def escalate(store: Store, state: State) -> None:
             "run_id": state.run_id,
             "strikes": state.strikes,
             "tests": [f"H{t.number} {' '.join(t.delta)}: {t.verdict}" for t in state.tests],
+            "untested_findings": [f["id"] for f in state.untested],
             "report": "escalation.md",
         }
         sent = notify(notice, tracking.notify_url, tracking.notify_command)
         store.tag(state.run_id, {"hyprun.notified": "; ".join(sent)})
+
+
+def escalation_findings(state: State) -> list[str]:
+    """escalation.md's section on the evidence: triage's top findings, the untouched first."""
+    if not state.findings:
+        return ["## What triage found", "", "No pattern fired on the baseline."]
+    untested = {f["id"] for f in state.untested}
+    lines = ["## What triage found, and what no test touched", ""]
+    if untested:
+        lines += [
+            f"The evidence pointed at {', '.join(sorted(untested))}, and no test has touched "
+            "it yet: start there, before another recipe tweak.",
+            "",
+        ]
+    for rank, f in enumerate(state.findings, 1):
+        tested = "**not tested yet**" if f["id"] in untested else "tested"
+        cards = ", ".join(f["cards"]) or "no card"
+        lines.append(
+            f"{rank}. **{f['id']}** ({tested}; {cards}): {f['cause']}. "
+            f"First action: {f['first_action']}"
+        )
+    return lines
 
 
 def verify(store: Store, name: str | None, test_name: str | None, promote: bool = False) -> dict:
@@ -1088,18 +1183,22 @@ def reset(store: Store, name: str | None, by: str, reason: str) -> State:
     return store.refresh(state)
 
 
-def summary(state: State, diagnosis: dict[str, Any] | None = None) -> str:
-    """The parent run's description: where the investigation stands."""
+def summary(state: State) -> str:
+    """The parent run's description (Markdown in the MLflow UI): where the investigation stands,
+    what triage found, what no test has touched yet, and each test with its effect."""
     lines = [
-        f"Investigation {state.name}: {state.strikes}/{STRIKES} strikes"
-        + (" — ESCALATED" if state.escalated else "")
+        f"**Investigation {state.name}**: {state.strikes}/{STRIKES} strikes"
+        + (" — ESCALATED: a human decides next" if state.escalated else ""),
+        "",
+        *[f"- {line}" for line in findings_lines(state)],
+        "",
     ]
-    if diagnosis:
-        top = [f["id"] for f in diagnosis["findings"][:3]]
-        lines.append(f"Question {diagnosis['question']}; findings: {', '.join(top) or 'none'}")
     for t in state.tests:
-        lines.append(f"H{t.number} {' '.join(t.delta)}: {t.verdict}")
-    return "\n".join(lines)
+        effect = t.tags.get("hyprun.effect", "")
+        lines.append(
+            f"- H{t.number} `{' '.join(t.delta)}`: {t.verdict}" + (f" · {effect}" if effect else "")
+        )
+    return "\n".join(lines).strip() + "\n"
 
 
 def _curves(store: Store, run_ids: list[str], metric: str) -> dict[int, list[tuple[int, float]]]:

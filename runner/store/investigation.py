@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote, urlencode
 
 from runner.errors import BadInput
 from runner.store import direct
@@ -88,6 +90,9 @@ class State:
     resets: list[dict[str, Any]] = field(default_factory=list)
     params: dict[str, str] = field(default_factory=dict)
     """The parent run's params: test numbers, claims, added baseline seeds."""
+    findings: list[dict[str, Any]] = field(default_factory=list)
+    """Triage's top findings on the baseline, most likely first: {id, cause, first_action,
+    cards, variables} (the cards that test each, and the config keys those cards change)."""
 
     def baseline_run(self, seed: int) -> str | None:
         """The run of baseline seed `seed`: recorded with the baseline, or added later by a
@@ -131,9 +136,37 @@ class State:
     def confirmed(self) -> list[Test]:
         return [t for t in self.tests if t.verdict == "confirmed"]
 
+    @property
+    def untested(self) -> list[dict[str, Any]]:
+        """The top findings no test has touched: none of their cards ran, and no test changed a
+        variable their cards change (a finding without cards is for a human to check)."""
+        ran = [t for t in self.tests if t.verdict != "refused"]
+        cards = {t.card for t in ran if t.card}
+        variables = {t.variable for t in ran if t.variable}
+        return [
+            f
+            for f in self.findings
+            if not (cards & set(f.get("cards", [])) or variables & set(f.get("variables", [])))
+        ]
+
     def tested(self, delta: list[str]) -> Test | None:
         """The earlier test of exactly this delta, if any (refused claims do not count)."""
         return next((t for t in self.tests if t.delta == delta and t.verdict != "refused"), None)
+
+
+def findings_lines(state: State) -> list[str]:
+    """Triage's top findings, and (once tests ran) the ones no test has touched yet."""
+    if not state.findings:
+        return ["triage: no pattern fired on the baseline"]
+    lines = [
+        f"triage finding {rank}: {f['id']} — {f['cause']}"
+        + (f" (cards: {', '.join(f['cards'])})" if f["cards"] else " (no card tests it)")
+        for rank, f in enumerate(state.findings, 1)
+    ]
+    if state.tests:
+        for f in state.untested:
+            lines.append(f"not tested yet: {f['id']} — first action: {f['first_action']}")
+    return lines
 
 
 class Store:
@@ -230,7 +263,10 @@ class Store:
             key=lambda r: r["time"],
         )
         params = dict(parent.data.params)
-        return State(tags[INVESTIGATION], parent.info.run_id, baseline, tests, resets, params)
+        findings = json.loads(tags.get("hyprun.findings", "[]"))
+        return State(
+            tags[INVESTIGATION], parent.info.run_id, baseline, tests, resets, params, findings
+        )
 
     def refresh(self, state: State) -> State:
         return self.state(self.reads.get_run(state.run_id))
@@ -296,6 +332,10 @@ class Store:
     def finish(self, run_id: str, status: str = "FINISHED") -> None:
         self.client.set_terminated(run_id, status=status)
 
+    def reopen(self, run_id: str) -> None:
+        """Mark a finished run running again (an investigation whose test has started)."""
+        self.client.update_run(run_id, status="RUNNING")
+
     def history(self, run_id: str, key: str) -> list[tuple[int, float]]:
         """One value per step (the last logged: a job resumed from an earlier checkpoint may log
         a step again)."""
@@ -358,6 +398,139 @@ class Store:
     def _children(self, parent_id: str) -> list:
         experiment = self.reads.get_run(parent_id).info.experiment_id
         return self.reads.search([experiment], {"mlflow.parentRunId": parent_id}, 5000)
+
+
+UI_LOCAL = "http://127.0.0.1:5000"
+"""Where `mlflow ui` serves a local store (its default port)."""
+SHARED_VIEW = "mlflow.sharedViewState."
+"""Experiment-tag prefix of the MLflow UI's saved views (3.x): `?viewStateShareKey=KEY` opens
+the one stored under `mlflow.sharedViewState.KEY`."""
+ARM = "hyprun.arm"
+"""Seed-run tag: which side of the comparison a seed is on (`baseline`, or the test's name with
+its verdict): group the runs table or its charts by it to see each side's seed band."""
+
+
+@dataclass
+class Links:
+    """Where to look at an investigation: the command that serves the UI and two deep links."""
+
+    serve: str
+    """`mlflow ui --backend-store-uri ...`, or "" when the store is a tracking server."""
+    runs: str
+    """Its runs grouped by role: each test's name with its verdict and effect, one list."""
+    compare: str
+    """Its seed runs grouped by side (baseline, each test), loss curves in the chart view."""
+
+
+def links(store: Store, state: State) -> Links:
+    """Deep links into the MLflow UI, to the saved views `save_views` wrote. MLflow 3.17 opens
+    an experiment on its GenAI overview unless the page's `workflowType` is machine_learning
+    (the sidebar switch, remembered per browser; the `mlflow.experimentKind` tag no longer
+    decides): every link carries it."""
+    served = store.uri.startswith(("http://", "https://"))
+    base = store.uri.rstrip("/") if served else UI_LOCAL
+    serve = "" if served else f"mlflow ui --backend-store-uri {store.uri}"
+    experiment = store.reads.get_run(state.run_id).info.experiment_id
+    page = f"{base}/#/experiments/{experiment}/runs?"
+
+    def link(view: str, mode: str) -> str:
+        query = {
+            "workflowType": "machine_learning",
+            "viewStateShareKey": view,
+            "compareRunsMode": mode,
+        }
+        return page + urlencode(query, quote_via=quote)
+
+    runs_view, compare_view = view_keys(state.name)
+    return Links(serve, link(runs_view, "TABLE"), link(compare_view, "CHART"))
+
+
+def view_keys(name: str) -> tuple[str, str]:
+    """The keys of an investigation's two saved views: its runs, and its comparison."""
+    key = "hyprun-" + re.sub(r"[^A-Za-z0-9_.-]+", "-", name)
+    return f"{key}-runs", f"{key}-compare"
+
+
+CURVES = ("eval/loss", "train/loss", "grad/norm")
+"""The comparison view's charts: each side's seed mean and range at matched tokens."""
+RUN_NAME_COLUMN = "attributes.`Run Name`"
+COLUMNS = ["0", RUN_NAME_COLUMN, "runDateAndNestInfo", "duration"]
+"""The runs table's first columns: MLflow applies saved widths along a saved column order."""
+
+
+def save_views(store: Store, state: State) -> None:
+    """Two saved views of the investigation on its experiment (MLflow lists them under
+    "Views"; `links` opens them): its runs grouped by role, the run names wide enough to read
+    the verdicts; and its seed runs grouped by `hyprun.arm` (the baseline, each test), the loss
+    curves as each group's mean and range."""
+    mine = f"tags.`{INVESTIGATION}` = '{state.name}'"
+    wide = {"columnOrder": COLUMNS, "columnWidths": {RUN_NAME_COLUMN: 560}}
+    runs = {
+        "searchFilter": mine,
+        "orderByKey": "attributes.start_time",
+        "orderByAsc": True,
+        "groupBy": _group_by(ROLE),
+        **wide,
+    }
+    section = "hyprun-curves"
+    compare = {
+        "searchFilter": f"{mine} and tags.`{ARM}` LIKE '%'",
+        "orderByKey": "attributes.start_time",
+        "orderByAsc": True,
+        "groupBy": _group_by(ARM),
+        "useGroupedValuesInCharts": True,
+        "hideEmptyCharts": True,
+        "isAccordionReordered": True,  # keeps our section first, before the generated ones
+        "compareRunSections": [
+            {
+                "uuid": section,
+                "name": "hyprun: baseline vs tests (seed mean and range)",
+                "display": True,
+                "isReordered": False,
+                "deleted": False,
+                "isGenerated": False,
+            }
+        ],
+        "compareRunCharts": [
+            {
+                "uuid": f"hyprun-{metric_id}",
+                "type": "LINE",
+                "runsCountToCompare": 100,
+                "metricSectionId": section,
+                "deleted": False,
+                "isGenerated": False,
+                "metricKey": metric,
+                "selectedMetricKeys": [metric],
+                "xAxisKey": "step",
+                "yAxisKey": "metric",
+                "scaleType": "linear",
+                "displayPoints": True,
+                "lineSmoothness": 0,
+            }
+            for metric in CURVES
+            if (metric_id := re.sub(r"[^a-z]+", "-", metric))
+        ],
+        **wide,
+    }
+    runs_key, compare_key = view_keys(state.name)
+    experiment = store.client.get_run(state.run_id).info.experiment_id
+    for key, title, view in (
+        (runs_key, "runs by role", runs),
+        (compare_key, "baseline vs tests", compare),
+    ):
+        store.client.set_experiment_tag(
+            experiment, SHARED_VIEW + key, _envelope(f"hyprun {state.name}: {title}", view)
+        )
+
+
+def _group_by(tag: str) -> dict[str, Any]:
+    return {"aggregateFunction": "average", "groupByKeys": [{"mode": "tag", "groupByData": tag}]}
+
+
+def _envelope(name: str, view: dict[str, Any]) -> str:
+    """A saved view as the MLflow UI stores it: {name, createdAt, updatedAt, state: JSON}."""
+    now = int(time.time() * 1000)
+    return json.dumps({"name": name, "createdAt": now, "updatedAt": now, "state": json.dumps(view)})
 
 
 def _test(run, numbers: dict[str, int]) -> Test:

@@ -157,6 +157,43 @@ class MlflowUI:
         self.driver.get("about:blank")
         self.driver.get(f"{self.base}{route}?{query}")
 
+    def home(self, forget: bool = False) -> None:
+        """The MLflow home page; `forget`: as on a first visit (the workflow switch unset)."""
+        self.driver.get("about:blank")
+        self.driver.get(f"{self.uri}/#/")
+        if forget:
+            self.driver.execute_script("localStorage.clear();")
+            self.driver.get("about:blank")
+            self.driver.get(f"{self.uri}/#/")
+        wait_for_text(self.driver, "Recent Experiments")
+
+    def experiment_link(self, name: str):
+        """The link to experiment `name` on the home page."""
+
+        def shown():
+            found = self.driver.find_elements(By.XPATH, f"//a[normalize-space(text())='{name}']")
+            return next((a for a in found if a.is_displayed()), None)
+
+        return wait_for(shown, 30, f"a link to experiment {name!r}")
+
+    def workflow_switch(self, label: str) -> None:
+        """Flip the sidebar's GenAI / Model training switch (a script click: MLflow's first-visit
+        tips may lie over it)."""
+        xpath = f"//*[@role='button'][normalize-space(.)='{label}']"
+        remembered = (  # MLflow keeps it under a versioned key that names it
+            "return Object.keys(localStorage).filter(k => k.includes('workflowType'))"
+            ".map(k => localStorage.getItem(k)).join(' ');"
+        )
+        wanted = {"Model training": "machine_learning", "GenAI": "genai"}[label]
+
+        def flipped() -> bool:  # a click before the page is interactive is lost: click again
+            switch = self.driver.find_element(By.XPATH, xpath)
+            self.driver.execute_script("arguments[0].click();", switch)
+            time.sleep(0.5)
+            return wanted in self.driver.execute_script(remembered)
+
+        wait_for(flipped, 30, f"the {label} switch remembered")
+
     def runs(self, search: str, parent: str, *children: str) -> str:
         """The runs table filtered by `search`, with the row of the run named `parent` expanded
         until `children` show; the page's text."""

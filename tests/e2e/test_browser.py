@@ -17,7 +17,7 @@ import pytest
 from runner.cli.report import write_report
 from runner.control import controller
 from runner.control.controller import record_baseline
-from runner.store.investigation import Store
+from runner.store.investigation import Store, links
 from tests.e2e import browser
 
 NAME = "in-a-browser"
@@ -168,3 +168,62 @@ def test_report_renders_in_the_artifact_viewer_with_its_plots(mlflow_ui, investi
         "eval_loss.png in MLflow's image viewer",
     )
     screens(driver, "artifact-eval-loss-png")
+
+
+def test_from_the_home_page_the_switch_decides_genai_overview_or_runs(
+    mlflow_ui, investigation, run_names, screens
+):
+    """MLflow 3.17 opens an experiment on the GenAI overview unless the sidebar's workflow
+    switch says Model training (the README says to switch once; the browser remembers it)."""
+    _, state, _ = investigation
+    driver = mlflow_ui.driver
+    mlflow_ui.home(forget=True)  # a first visit: nothing remembered
+    mlflow_ui.experiment_link(EXPERIMENT).click()
+    browser.wait_for(lambda: "/overview" in driver.current_url, 30, "the GenAI overview")
+    screens(driver, "home-click-genai-overview")
+
+    mlflow_ui.home()
+    mlflow_ui.workflow_switch("Model training")
+    mlflow_ui.experiment_link(EXPERIMENT).click()
+    browser.wait_for(lambda: "/runs" in driver.current_url, 30, "the runs table")
+    parent = store_run_name(investigation, state.run_id)
+    assert parent.startswith(f"{NAME} · fixed by H1 optim.lr=3e-3 (eval/loss \u2212"), parent
+    browser.wait_for_text(driver, parent)  # the outcome at a glance, on the top-level row
+    mlflow_ui.close_assistant()
+    wait_expander = browser.wait_for(mlflow_ui.expander, 30, "the investigation's expander")
+    wait_expander.click()
+    mlflow_ui.widen_run_names()
+    text = browser.wait_for_text(driver, *run_names.values())  # no column added
+    assert "baseline · seed 0" in text
+    screens(driver, "home-model-training-runs")
+
+
+def test_the_printed_links_open_the_tests_and_their_seed_bands(
+    mlflow_ui, investigation, run_names, screens
+):
+    store, state, _ = investigation
+    driver = mlflow_ui.driver
+    found = links(store, state)
+    mlflow_ui.home(forget=True)  # the links work in a browser that remembers nothing
+    driver.get(found.runs)
+    text = browser.wait_for_text(driver, "Group: test", *run_names.values())
+    assert "/runs" in driver.current_url
+    confirmed = run_names["confirmed"]
+    assert re.search(r"eval/loss \u2212[\d.]+% ± [\d.]+%$", confirmed), confirmed
+    assert text.count("baseline · seed") == 2
+    mlflow_ui.close_assistant()
+    screens(driver, "link-runs-by-role")
+
+    driver.get("about:blank")
+    driver.get(found.compare)
+    section = "hyprun: baseline vs tests (seed mean and range)"
+    legend = [f"{arm} (eval/loss)" for arm in ("baseline", *run_names.values())]
+    text = browser.wait_for_text(driver, section, "Group: baseline", *legend, timeout=60)
+    assert text.index(section) < text.index("act/rms")  # our charts first
+    mlflow_ui.close_assistant()
+    screens(driver, "link-compare-seed-bands")
+
+
+def store_run_name(investigation, run_id: str) -> str:
+    store, _, _ = investigation
+    return store.client.get_run(run_id).info.run_name
