@@ -28,7 +28,7 @@ COMMON = [
 FAULT = ["optim.lr=1e-5"]
 DATA_PROBLEM = ["data.source.label_noise=0.6"]
 REPORT_TWEAKS = ["lr_down_10x", "batch_up", "micro_batch_up"]
-console = Console(highlight=False)
+console = Console(highlight=False, soft_wrap=True)  # commands and links stay whole lines
 
 
 def run_demo(store: Store, seeds: int = 3) -> dict[str, str]:
