@@ -68,9 +68,12 @@ class Condition(Strict):
     @model_validator(mode="after")
     def _threshold_fits_op(self) -> Condition:
         if self.op in ORDERING and not _is_number(self.threshold):
-            raise ValueError(f"op {self.op!r} needs a number, got {self.threshold!r}")
+            raise ValueError(
+                f"op {self.op!r} needs a number, got {self.threshold!r}; "
+                "write a number (YAML 1.1 reads 1e-5 as a string: write 1.0e-5)"
+            )
         if self.op == "in" and not isinstance(self.threshold, list | tuple):
-            raise ValueError(f"op 'in' needs a list, got {self.threshold!r}")
+            raise ValueError(f"op 'in' needs a list, got {self.threshold!r}; write [a, b]")
         return self
 
     def text(self) -> str:
