@@ -491,7 +491,7 @@ NEEDS = {
     "act/write_ratio/blocks.<i> (residual blocks found in the model)": (
         "write_ratio_max write_ratio_first_max"
     ),
-    "eval/loss and train/loss": "train_eval_gap eval_gap_matched",
+    "eval/loss and train/loss": "train_eval_gap eval_gap_matched eval_gap_matched_nats",
     "perf/data_wait_frac": "data_wait_frac",
     "perf/data_wait_frac and perf/step_time_s": "data_wait_s data_wait_share compute_s_best",
     "perf/mfu (FLOPs per token and a device peak)": "mfu",

@@ -5,6 +5,7 @@ nothing comparable as an error. Real Hydra, MLflow and sqlite; the app is plain 
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -16,7 +17,8 @@ from mlflow.tracking import MlflowClient
 from runner.cli.main import main as hyprun
 from runner.store.investigation import Store
 
-TOY = Path(__file__).parent / "apps" / "toy"
+ROOT = Path(__file__).parents[1]
+TOY = ROOT / "tests" / "apps" / "toy"
 APP = "tests.apps.toy.train:main"
 WHY = "I think [cause] because [evidence]"
 
@@ -31,6 +33,10 @@ def run_cli(*args: str) -> int:
 def here(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A working folder whose MLflow store is a sqlite file in it."""
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{workdir}/mlflow.db")
+    # The toy app is importable as a user's installed package would be, from any folder.
+    monkeypatch.setenv(
+        "PYTHONPATH", os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))
+    )
     return workdir
 
 
@@ -128,10 +134,14 @@ def test_toy_app_baseline_test_and_the_one_variable_rule_on_its_tree(here, capsy
         assert message in err and err.count("\n") == 1, err
     assert store.find("toy").tests == []
 
-    # A group choice of the app's own tree is one variable, tested against the baseline.
-    assert run_cli("test", "opt=fast", "--why", WHY) == 0
+    # A group switch of the app's own tree that moves a key both choices share is refused with
+    # its pinned form, as on ours (opt=fast is opt.lr 0.002 -> 0.2 under another name).
+    assert run_cli("test", "opt=fast", "--why", WHY) == 2
+    err = capsys.readouterr().err
+    assert "opt switch also changes opt.lr" in err and "'hyprun test opt=fast opt.lr=0.002'" in err
+    assert run_cli("test", "opt.lr=0.2", "--why", WHY) == 0
     test = store.find("toy").tests[0]
-    assert test.variable == "opt" and test.verdict == "confirmed", test.tags["hyprun.reason"]
+    assert test.variable == "opt.lr" and test.verdict == "confirmed", test.tags["hyprun.reason"]
     assert "val/loss" in test.tags["hyprun.reason"]
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from runner.cli.main import main as hyprun
 from runner.errors import BadInput
-from runner.store.investigation import Store
+from runner.store.investigation import Store, view_keys
 
 
 @pytest.fixture
@@ -181,3 +181,10 @@ def test_links_open_the_runs_not_the_genai_overview(uri):
     assert compare["groupBy"]["groupByKeys"] == [{"mode": "tag", "groupByData": "hyprun.arm"}]
     charts = [c["metricKey"] for c in compare["compareRunCharts"]]
     assert charts == ["eval/loss", "train/loss", "grad/norm"]
+
+
+def test_view_keys_fit_mlflows_tag_key_and_keep_names_apart():
+    hostile = "x$(touch p); `q` 'q'\n" * 20
+    assert all(len("mlflow.sharedViewState." + key) <= 250 for key in view_keys(hostile))
+    assert view_keys("a b") != view_keys("a-b")
+    assert view_keys("inv") == ("hyprun-inv-runs", "hyprun-inv-compare")

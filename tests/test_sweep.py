@@ -54,7 +54,12 @@ def test_the_one_variable_rule_holds_for_every_value_of_a_sweep():
     assert one_variable([], "optim.lr", FloatDistribution(1e-5, 1e-3, log=True)).variable == (
         "optim.lr"
     )
-    assert one_variable([], "sched", CategoricalDistribution(["cosine", "wsd"])).variable == "sched"
+    placement = CategoricalDistribution(["pre", "post"])
+    assert one_variable([], "model.placement", placement).variable == "model.placement"
+    # A group switch that moves keys both choices share is two variables for some value: the
+    # sweep is refused with the pinned form, as a plain test would be.
+    with pytest.raises(BadInput, match="hold them at the baseline's values"):
+        one_variable([], "sched", CategoricalDistribution(["cosine", "wsd"]))
     with pytest.raises(BadInput, match="controlled variable"):
         one_variable([], "budget.tokens", IntDistribution(1000, 2000))
 

@@ -14,6 +14,7 @@ give, or a key of the user's that the constructor does not take.
 from __future__ import annotations
 
 import inspect
+import pkgutil
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -75,10 +76,10 @@ def _refuse_unknown(target: str, unknown: set[str], accepted: set[str], where: s
 
 
 def _parameters(target: str) -> dict[str, inspect.Parameter]:
-    from hydra.utils import get_object
-
+    # pkgutil, not hydra.utils.get_object: Hydra's logs the failure through the logging
+    # module, whose handlers (an app's, a test's) can print a second message or a traceback.
     try:
-        built = get_object(target)
+        built = pkgutil.resolve_name(target)
     except Exception as error:
         raise BadInput(
             f"model._target_={target} cannot be imported ({' '.join(str(error).split())[:200]}): "

@@ -94,8 +94,9 @@ def fluent_state(uri: str):
     """MLflow's process-wide state as a fresh process would have it, for an app run in this
     one: the tracking URI it was handed (an earlier app may have set another, and
     `set_tracking_uri` outlives the app), and no run left active afterwards (MLflow refuses to
-    start a run while another is active)."""
+    start a run while another is active), and no experiment left pinned."""
     import mlflow
+    from mlflow.tracking import fluent
 
     mlflow.set_tracking_uri(uri)
     try:
@@ -103,3 +104,6 @@ def fluent_state(uri: str):
     finally:
         while mlflow.active_run() is not None:
             mlflow.end_run()
+        # An app's `mlflow.set_experiment` (the HF Trainer's integration calls it) pins an
+        # experiment id for the rest of the process; MLflow has no public way to unset it.
+        fluent._active_experiment_id = None

@@ -9,6 +9,7 @@ run's param can be written once, and the store refuses a second, different value
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
@@ -447,8 +448,11 @@ def links(store: Store, state: State) -> Links:
 
 def view_keys(name: str) -> tuple[str, str]:
     """The keys of an investigation's two saved views: its runs, and its comparison."""
-    key = "hyprun-" + re.sub(r"[^A-Za-z0-9_.-]+", "-", name)
-    return f"{key}-runs", f"{key}-compare"
+    slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", name)
+    if slug != name or len(slug) > 64:  # MLflow caps a tag key at 250 characters; a digest
+        # also keeps apart two names that read the same once sanitised ("a b", "a-b").
+        slug = f"{slug[:64]}-{hashlib.sha1(name.encode()).hexdigest()[:8]}"
+    return f"hyprun-{slug}-runs", f"hyprun-{slug}-compare"
 
 
 CURVES = ("eval/loss", "train/loss", "grad/norm")

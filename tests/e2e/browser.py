@@ -200,7 +200,11 @@ class MlflowUI:
         self.open("/runs", searchFilter=search)
         wait_for_text(self.driver, parent, "matching runs")
         self.close_assistant()
-        wait_for(self.expander, 30, "the parent run's expander").click()
+        expander = wait_for(self.expander, 30, "the parent run's expander")
+        try:  # the UI remembers a row expanded earlier: a click would fold it
+            wait_for_text(self.driver, *children, timeout=3)
+        except TimeoutError:
+            expander.click()
         self.widen_run_names()
         return wait_for_text(self.driver, *children)
 
