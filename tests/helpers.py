@@ -56,29 +56,29 @@ def start_mlflow_server(folder: Path, port: int) -> subprocess.Popen:
     """A real `mlflow server` on 127.0.0.1:`port` with its store in `folder`, once it accepts
     connections (the same folder and port again: the same server, restarted)."""
     env = python_env(MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
-    log = open(folder / "server.log", "a")  # noqa: SIM115 (open for the server's lifetime)
-    server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "mlflow",
-            "server",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--workers",
-            "1",
-            "--backend-store-uri",
-            f"sqlite:///{folder}/server.db",
-            "--artifacts-destination",
-            str(folder / "artifacts"),
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env=env,
-        cwd=folder,
-    )
+    with open(folder / "server.log", "a") as log:  # the server writes to its own copy
+        server = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "mlflow",
+                "server",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--workers",
+                "1",
+                "--backend-store-uri",
+                f"sqlite:///{folder}/server.db",
+                "--artifacts-destination",
+                str(folder / "artifacts"),
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=folder,
+        )
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         try:

@@ -41,7 +41,10 @@ def healthy(seed: int = 0) -> Evidence:
     lr = 1e-3 * warm * (0.1 + 0.9 * 0.5 * (1 + np.cos(math.pi * i / N)))
     p = np.arange(N // PROBE)
     n_p = p.size
-    noise = lambda s=0.05: np.exp(rng.normal(0, s, n_p))  # noqa: E731
+
+    def noise(s=0.05):
+        return np.exp(rng.normal(0, s, n_p))
+
     grad = (0.3 + 0.7 * np.exp(-p / 5)) * noise()
     series = {
         "train/loss": pts(loss),

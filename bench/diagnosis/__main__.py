@@ -1,12 +1,16 @@
 """`python -m bench.diagnosis`: every scenario through the method, then one table.
 
-    python -m bench.diagnosis [--only NAME ...] [--seeds K] [--jobs N] [--out DIR] [--workdir DIR]
+    python -m bench.diagnosis [--only NAME ...] [--seeds K] [--max-seeds K] [--jobs N]
+                              [--out DIR] [--workdir DIR]
 
 Scenarios run in parallel, one process each (`--jobs`, default: one per core, with one torch
 thread each), each in its own folder with its own MLflow sqlite file (kept under --workdir for
 `mlflow ui`). Scenarios marked `exclusive` (their verdict is a throughput) run afterwards, one
 at a time with every core: a neighbour's load would otherwise swamp the effect.
 The table goes to stdout and to DIR/latest.md and DIR/latest.json.
+
+Verdicts are sequential (seeds in rounds up to the verdict table's cap) unless `--max-seeds`
+caps them: `--max-seeds` equal to `--seeds` is the fixed-k rule, for a side-by-side run.
 """
 
 from __future__ import annotations
@@ -21,12 +25,8 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:  # workers import bench.diagnosis.faults by name
-    sys.path.insert(0, str(ROOT))
-
-from bench.diagnosis.run import DEFAULT_SEEDS, Scenario, load_scenarios, run_logged, worker_setup  # noqa: E402
-from bench.diagnosis.table import render_markdown, summarize, write  # noqa: E402
+from bench.diagnosis.run import DEFAULT_SEEDS, Scenario, load_scenarios, run_logged, worker_setup
+from bench.diagnosis.table import render_markdown, summarize, write
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -54,8 +54,9 @@ def main(argv: list[str] | None = None) -> int:
         file=sys.stderr,
     )
     start = time.monotonic()
-    done = run_all(shared, common, args.seeds, args.jobs, workdir, threads, sha)
-    done += run_all(alone, common, args.seeds, 1, workdir, cpus, sha)
+    rule = (args.seeds, args.max_seeds)
+    done = run_all(shared, common, rule, args.jobs, workdir, threads, sha)
+    done += run_all(alone, common, rule, 1, workdir, cpus, sha)
     order = {s.name: i for i, s in enumerate(scenarios)}
     results = sorted(done, key=lambda r: order[r["name"]])
     meta = {
@@ -63,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         "commit": sha,
         "dirty": dirty,
         "seeds": seeds,
+        "max_seeds": args.max_seeds or "the verdict table's cap",
         "jobs": args.jobs,
         "cpus": os.cpu_count(),
         "wall_seconds": round(time.monotonic() - start, 1),
@@ -96,6 +98,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "scenario (default: the scenario's own, else 2)",
     )
     parser.add_argument(
+        "--max-seeds",
+        type=int,
+        help="seeds per side a test may grow to (default: the verdict table's cap; "
+        "equal to --seeds: fixed-k verdicts)",
+    )
+    parser.add_argument(
         "--jobs", type=int, default=os.cpu_count() or 1, help="scenarios run at once"
     )
     parser.add_argument(
@@ -105,21 +113,23 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--workdir", help="folder for the scenarios' MLflow files and logs")
     args = parser.parse_args(argv)
-    if (args.seeds is not None and args.seeds < 1) or args.jobs < 1:
-        parser.error("--seeds and --jobs must be >= 1")
+    if any(n is not None and n < 1 for n in (args.seeds, args.max_seeds, args.jobs)):
+        parser.error("--seeds, --max-seeds and --jobs must be >= 1")
     return args
 
 
 def run_all(
     scenarios: list[Scenario],
     common: list[str],
-    seeds: int | None,
+    rule: tuple[int | None, int | None],
     jobs: int,
     workdir: Path,
     threads: int,
     sha: str,
 ) -> list[dict[str, Any]]:
-    """Results in the scenarios' order; each scenario in a fresh worker process."""
+    """Results in the scenarios' order; each scenario in a fresh worker process. `rule`: the
+    seeds every scenario starts with (None: its own) and the cap a test may grow to."""
+    seeds, max_seeds = rule
     context = multiprocessing.get_context("spawn")
     results: dict[str, dict[str, Any]] = {}
     with ProcessPoolExecutor(
@@ -131,7 +141,12 @@ def run_all(
     ) as pool:
         futures = {
             pool.submit(
-                run_logged, s, workdir / s.name, seeds or s.seeds or DEFAULT_SEEDS, common
+                run_logged,
+                s,
+                workdir / s.name,
+                seeds or s.seeds or DEFAULT_SEEDS,
+                common,
+                max_seeds,
             ): s
             for s in scenarios
         }

@@ -85,7 +85,11 @@ def inside(folder: Path) -> Iterator[None]:
 
 
 def run_scenario(
-    scenario: Scenario, workdir: Path, seeds: int, common: list[str]
+    scenario: Scenario,
+    workdir: Path,
+    seeds: int,
+    common: list[str],
+    max_seeds: int | None = None,
 ) -> dict[str, Any]:
     """The method end to end on one scenario, in `workdir`; a result dict (never raises for a
     failing scenario: the error is recorded in the result)."""
@@ -112,7 +116,7 @@ def run_scenario(
     }
     try:
         with inside(workdir):
-            _investigate(scenario, workdir, seeds, common, result)
+            _investigate(scenario, workdir, seeds, common, result, max_seeds)
     except Exception as error:  # a broken scenario is a result too, not a crashed benchmark
         result["error"] = f"{type(error).__name__}: {error}"[:2000]
     result["seconds"] = round(time.monotonic() - start, 1)
@@ -120,7 +124,12 @@ def run_scenario(
 
 
 def _investigate(
-    scenario: Scenario, workdir: Path, seeds: int, common: list[str], result: dict[str, Any]
+    scenario: Scenario,
+    workdir: Path,
+    seeds: int,
+    common: list[str],
+    result: dict[str, Any],
+    max_seeds: int | None,
 ) -> None:
     from hypotheses.schema import load_cards
     from runner.control import controller
@@ -159,7 +168,7 @@ def _investigate(
     skipped = []
     for card_id, argument, why in candidates:
         try:
-            outcome = controller.test(store, name, argument, why)
+            outcome = controller.test(store, name, argument, why, max_seeds=max_seeds)
         except BadInput as refused:  # changes nothing, repeats a delta, or a controlled key
             skipped.append({"card": card_id, "reason": str(refused)})
             continue
@@ -204,7 +213,8 @@ def _collect(store, name: str, scenario: Scenario, result: dict[str, Any]) -> No
     for test in state.tests:
         if test.verdict == "refused":
             continue
-        test_spent = sum(_tokens(r) for r in store.seed_runs(test.run_id))
+        test_runs = store.seed_runs(test.run_id)
+        test_spent = sum(_tokens(r) for r in test_runs)
         early = test.tags.get("hyprun.early") == "true"
         saved = budget * seeds - test_spent if early else 0
         effect = test.tags.get("hyprun.effect")
@@ -216,6 +226,7 @@ def _collect(store, name: str, scenario: Scenario, result: dict[str, Any]) -> No
                 "verdict": test.verdict,
                 "effect": _float(effect),
                 "early": early,
+                "seeds": len(test_runs),
                 "tokens_spent": test_spent,
                 "tokens_saved": saved,
                 "fixes": bool(test.card and test.card in scenario.fix),
@@ -269,7 +280,9 @@ def worker_setup(threads: int, sha: str) -> None:
     provenance.git_state = lambda root=None: (sha, False)
 
 
-def run_logged(scenario: Scenario, workdir: Path, seeds: int, common: list[str]) -> dict[str, Any]:
+def run_logged(
+    scenario: Scenario, workdir: Path, seeds: int, common: list[str], max_seeds: int | None
+) -> dict[str, Any]:
     """run_scenario with this process's stdout and stderr in workdir/log.txt."""
     workdir.mkdir(parents=True, exist_ok=True)
     log = os.open(workdir / "log.txt", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -277,4 +290,4 @@ def run_logged(scenario: Scenario, workdir: Path, seeds: int, common: list[str])
     sys.stderr.flush()
     os.dup2(log, 1)
     os.dup2(log, 2)
-    return run_scenario(scenario, workdir, seeds, common)
+    return run_scenario(scenario, workdir, seeds, common, max_seeds)

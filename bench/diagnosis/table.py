@@ -58,6 +58,7 @@ def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
     fixed = [r for r in faults if r["fix"] and right_verdict(r) and "strikes_to_confirm" in r]
     worse = [(r, t) for r in ok for t in r["tests"] if clearly_worse(t)]
     worse_budget = sum(r["budget_tokens"] * r["seeds"] for r, _ in worse)
+    decided = [t for r in ok for t in r["tests"] if t["verdict"] in ("confirmed", "rejected")]
     summary = {
         "scenarios": len(results),
         "errors": [r["name"] for r in results if r["error"]],
@@ -79,6 +80,9 @@ def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
         "tokens_saved": sum(r["tokens_saved"] for r in ok),
         "clearly_worse_tests": len(worse),
         "early_saved_frac": _share(sum(t["tokens_saved"] for _, t in worse), worse_budget),
+        "decided_tests": len(decided),
+        "seeds_per_decided_test": fmean(t.get("seeds", 0) for t in decided) if decided else None,
+        "tokens_per_decided_test": fmean(t["tokens_spent"] for t in decided) if decided else None,
         "fixes_rejected_early": sum(t["fixes"] and t["early"] for r in ok for t in r["tests"]),
         "fixes_rejected": sum(
             t["fixes"] and t["verdict"] == "rejected" for r in ok for t in r["tests"]
@@ -115,7 +119,8 @@ def render_markdown(
     lines = [
         f"Diagnosis benchmark, {meta['date']}, commit {meta['commit'][:10]}"
         + (" (dirty)" if meta.get("dirty") else "")
-        + f": {summary['scenarios']} scenarios, seeds {meta['seeds']}, "
+        + f": {summary['scenarios']} scenarios, seeds {meta['seeds']} "
+        f"(a test grows to {meta.get('max_seeds', 'the cap')}), "
         f"{meta['jobs']} at a time on {meta['cpus']} CPUs, {meta['wall_seconds'] / 60:.1f} min.",
         "",
     ]
@@ -136,6 +141,8 @@ def render_markdown(
         f"rejection = {_pct(s['early_saved_frac'])} of the budget of {s['clearly_worse_tests']} "
         f"clearly-worse tests; true fixes rejected early: {s['fixes_rejected_early']} "
         f"(rejected at all: {s['fixes_rejected']})",
+        f"- per decided test ({s['decided_tests']}): {_num(s['seeds_per_decided_test'])} seeds, "
+        f"{_k(s['tokens_per_decided_test'] or 0)} tokens",
     ]
     if s["errors"]:
         lines.append(f"- errors: {', '.join(s['errors'])}")
@@ -178,7 +185,8 @@ def _verdicts(r: dict[str, Any]) -> str:
         what = t["card"] or " ".join(t["delta"])
         how = t["verdict"] + (" early" if t["early"] else "")
         effect = f" {t['effect']:+.1%}" if t["effect"] is not None else ""
-        parts.append(f"{what}: {how}{effect}")
+        seeds = f" ({t['seeds']} seeds)" if t.get("seeds") else ""
+        parts.append(f"{what}: {how}{effect}{seeds}")
     if r["escalated"]:
         parts.append("escalated")
     return "; ".join(parts) or "no tests"

@@ -25,7 +25,7 @@ COMMON = [
     "probes.every_steps=4",
     "checkpoint.resume=never",
 ]
-FAULT = ["optim.lr=1e-5"]
+FAULT = ["optim.lr=1e-4"]
 DATA_PROBLEM = ["data.source.label_noise=0.6"]
 REPORT_TWEAKS = ["lr_down_10x", "batch_up", "micro_batch_up"]
 console = Console(highlight=False, soft_wrap=True)  # commands and links stay whole lines

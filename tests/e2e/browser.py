@@ -9,6 +9,7 @@ would only retry forever.
 from __future__ import annotations
 
 import base64
+import importlib.util
 import shutil
 import time
 from collections.abc import Callable
@@ -44,9 +45,7 @@ def missing() -> str | None:
     absent = [str(p) for p in (CHROMIUM, CHROMEDRIVER) if not p.exists()]
     if absent:
         return f"{', '.join(absent)} missing: run tests/e2e/install_chromium.sh"
-    try:
-        import selenium  # noqa: F401
-    except ImportError:
+    if importlib.util.find_spec("selenium") is None:
         return "selenium is not installed: pip install -e '.[dev]'"
     return None
 
