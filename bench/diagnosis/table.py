@@ -120,7 +120,7 @@ def render_markdown(
         f"Diagnosis benchmark, {meta['date']}, commit {meta['commit'][:10]}"
         + (" (dirty)" if meta.get("dirty") else "")
         + f": {summary['scenarios']} scenarios, seeds {meta['seeds']} "
-        f"(a test grows to {meta.get('max_seeds', 'the cap')}), "
+        f"(verdicts {meta.get('rule', 'sequential to the cap')}), "
         f"{meta['jobs']} at a time on {meta['cpus']} CPUs, {meta['wall_seconds'] / 60:.1f} min.",
         "",
     ]
