@@ -28,6 +28,10 @@ CASES = {
     "budget below one step": (["budget.tokens=100"], "less than one optimizer step"),
     "bad model switch": (["model.norm=batchnorm"], "model:"),
     "bad synthetic knob": (["data.source.duplicate_frac=1.5"], "duplicate_frac"),
+    "a DeepSpeed key it does not know": (
+        ["+ds.extra.zero_optimization.stagee=1"],
+        "ds.extra: DeepSpeed refuses the config",
+    ),
 }
 
 
@@ -154,9 +158,29 @@ COMMAND_CASES = {
         ["sweep", "budget.tokens=choice(4096,8192)", *WHY, *INV],
         "controlled variable",
     ),
+    "sweep to a negative LR": (
+        ["sweep", "optim.lr=interval(-1,1e-2)", *WHY, *INV],
+        "optim.lr",
+    ),
+    "sweep to zero layers": (
+        ["sweep", "model.n_layer=range(0,4)", *WHY, *INV],
+        "n_layer",
+    ),
+    "DeepSpeed key misspelled in ds.extra": (
+        ["test", "+ds.extra.zero_optimization.stagee=1", *WHY, *INV],
+        "ds.extra: DeepSpeed refuses the config",
+    ),
     "sweep of one trial": (
         ["sweep", "optim.lr=interval(1e-4,1e-2)", "--trials", "1", *WHY, *INV],
         "--trials 1",
+    ),
+    "a baseline DeepSpeed refuses": (
+        ["baseline", "+ds.extra.bf16.enabled=maybe", "--investigation", "b6"],
+        "ds.extra: DeepSpeed refuses the config",
+    ),
+    "a baseline whose optimizer refuses its LR": (
+        ["baseline", "optim.lr=-1", "--investigation", "b7"],
+        "optim",
     ),
     "no seeds": (["baseline", "--seeds", "0", "--investigation", "b0"], "at least one seed"),
     "investigation exists": (["baseline", *INV], "exists already"),

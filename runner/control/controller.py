@@ -171,7 +171,11 @@ def record_baseline(
     if app is not None:  # refuse bad input before the investigation exists
         app.check(overrides)
     else:
-        validate(compose(overrides))
+        cfg = compose(overrides)
+        validate(cfg)  # the quick refusals first, before torch's import
+        from runner.job.train import preflight  # as its seed jobs will check it
+
+        preflight(cfg, build_data=True)
     reachable(store.uri)
     launcher = launcher_for(launcher_overrides, *_slurm_names(name, "baseline"))
     parent = store.create(name, f"Baseline: {' '.join(overrides) or 'defaults'}. {why}".strip())

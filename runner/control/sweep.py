@@ -45,6 +45,7 @@ from runner.control.controller import (
     claim,
     decide,
     open_test,
+    preflight_test,
     record_error,
     record_verdict,
     refusals_as_outcomes,
@@ -111,18 +112,25 @@ def one_variable(
     baseline: list[str], key: str, dist: BaseDistribution, app: HydraApp | None = None
 ) -> Delta:
     """Every value the sweep can take must pass the one-variable rule, on this one key."""
-    delta = None
+    return candidate_deltas(baseline, key, dist, app)[0]
+
+
+def candidate_deltas(
+    baseline: list[str], key: str, dist: BaseDistribution, app: HydraApp | None = None
+) -> list[Delta]:
+    """The delta of each value that bounds the sweep (its ends, or every choice), each held to
+    the one-variable rule; the baseline's own value is left out."""
+    deltas = []
     for value in candidates(dist):
         try:
-            found = measure(baseline, [as_override(key, value)], app)
+            deltas.append(measure(baseline, [as_override(key, value)], app))
         except BadInput as error:
             if "changes nothing" in str(error):
                 continue  # the baseline's own value is a fair candidate
             raise
-        delta = delta or found
-    if delta is None:
+    if not deltas:
         raise BadInput(f"every value of the sweep over {key} equals the baseline's: widen it")
-    return delta
+    return deltas
 
 
 class BaselinePruner(BasePruner):
@@ -173,7 +181,11 @@ def sweep(
     argument, launcher_overrides = split(argument)
     override = parse(argument)
     key, dist = override.key_or_group, distribution(override)
-    one_variable(state.baseline["overrides"], key, dist, app_of(state))
+    app = app_of(state)
+    deltas = candidate_deltas(state.baseline["overrides"], key, dist, app)
+    if app is None:  # each bound checked as its trial's job will check it, before a claim
+        for delta in deltas:
+            preflight_test(state.baseline["overrides"], delta)
     if trials < 2:
         raise BadInput(f"--trials {trials}: a sweep needs 2 or more (one value: 'hyprun test')")
     refuse_repeat(state, list(argument))

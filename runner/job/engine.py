@@ -35,6 +35,26 @@ def deepspeed_config(ds: DictConfig) -> dict[str, Any]:
     return _merge(config, extra)
 
 
+def check_extra(ds: DictConfig) -> None:
+    """`ds.extra` read by DeepSpeed's own config parser (its pydantic models and batch checks)
+    before a job is claimed; the rest of `ds` is checked by validate(). A world of one: the
+    geometry is hyprun's, checked by Plan."""
+    if not ds.extra:
+        return  # nothing free-form: skip DeepSpeed's import
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    from runner.compose import one_line
+    from runner.errors import BadInput
+
+    try:
+        DeepSpeedConfig(deepspeed_config(ds))
+    except Exception as error:  # pydantic's ValidationError, DeepSpeed's asserts
+        raise BadInput(
+            f"ds.extra: DeepSpeed refuses the config: {one_line(error)[:300]}: fix or remove "
+            "the key in ds.extra"
+        ) from None
+
+
 def build_engine(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,

@@ -33,7 +33,7 @@ from runner.errors import BadInput
 from runner.job import dist as distributed
 from runner.job.checkpoint import Checkpointer, StopSignals, config_hash
 from runner.job.data.loader import build_loader, heldout_batches
-from runner.job.engine import build_engine
+from runner.job.engine import build_engine, check_extra
 from runner.job.instrument import Instruments
 from runner.job.model_protocol import model_node
 from runner.job.optim import build_optimizer
@@ -85,6 +85,7 @@ def run(cfg: DictConfig, on_eval: Callable[[int, float], bool] | None = None) ->
     `on_eval(tokens, eval_loss)` is called at every held-out evaluation (every rank gets the
     same numbers); returning True stops the job there as `stopped` (early rejection)."""
     validate(cfg)
+    check_extra(cfg.ds)
     reachable(cfg.tracking.uri)
     source = _build("data.source", cfg.data.source)  # a missing file fails before DeepSpeed loads
     dist = distributed.init()
@@ -366,6 +367,7 @@ def preflight(cfg: DictConfig, build_data: bool = False) -> None:
     that changes data.*; the baseline's opened when it ran)."""
     validate(cfg)
     Plan.of(cfg, world=1)
+    check_extra(cfg.ds)
     if build_data:
         _build("data.source", cfg.data.source)
     model_cfg = _probe_model(cfg.model)
