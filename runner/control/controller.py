@@ -932,7 +932,7 @@ class EarlyRejection:
         self.design = design
         if self.enabled:
             runs = [state.baseline_run(s) for s in baseline_seeds]
-            self.baseline = _curves(self.store, runs, self.primary.metric)
+            self.baseline = seed_curves(self.store, runs, self.primary.metric)
 
     def for_seed(self, seed: int, budget: int):
         if not self.enabled:
@@ -993,9 +993,9 @@ def decide(
     (default: those recorded with the baseline); `design`: the test's sequential design."""
     metrics = [primary, *guards]
     baseline_runs = baseline_runs or state.baseline["seed_runs"]
-    base = {m.metric: _curves(store, baseline_runs, m.metric) for m in metrics}
+    base = {m.metric: seed_curves(store, baseline_runs, m.metric) for m in metrics}
     test_runs = [r.run_id for r in results]
-    ours = {m.metric: _curves(store, test_runs, m.metric) for m in metrics}
+    ours = {m.metric: seed_curves(store, test_runs, m.metric) for m in metrics}
     diverged = any(r.status == "diverged" for r in results)
     diverged_early(store, results, ours[primary.metric])
     blown = [
@@ -1205,7 +1205,9 @@ def summary(state: State) -> str:
     return "\n".join(lines).strip() + "\n"
 
 
-def _curves(store: Store, run_ids: list[str], metric: str) -> dict[int, list[tuple[int, float]]]:
+def seed_curves(
+    store: Store, run_ids: list[str], metric: str
+) -> dict[int, list[tuple[int, float]]]:
     """{seed: history of `metric`} of the given job runs."""
     curves = {}
     for run_id in run_ids:

@@ -39,7 +39,6 @@ from runner.compose import compose
 from runner.control.controller import (
     DEFAULT_PRIMARY,
     Outcome,
-    _curves,
     aggregates,
     app_of,
     claim,
@@ -51,6 +50,7 @@ from runner.control.controller import (
     refusals_as_outcomes,
     refuse_repeat,
     seed_configs,
+    seed_curves,
     where_tests_run,
 )
 from runner.control.one_variable import Delta, measure
@@ -237,7 +237,7 @@ def _study(
     path = _journal(state)
     path.parent.mkdir(parents=True, exist_ok=True)
     primary = primary_of(state)
-    baseline = _curves(store, state.baseline["seed_runs"], primary.metric)
+    baseline = seed_curves(store, state.baseline["seed_runs"], primary.metric)
     study = optuna.create_study(
         storage=JournalStorage(JournalFileBackend(str(path))),
         study_name=f"{state.name}/H{number}",
