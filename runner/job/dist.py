@@ -6,9 +6,11 @@ ran in one process.
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import os
 import socket
-import time
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,19 +41,34 @@ def forget_submitter() -> None:
         os.environ.pop(key, None)
 
 
-STALE_LOCK_S = 600
-"""A build lock this old is left by a process killed mid-compile (a build takes ~40 s on a CPU)."""
+def extensions_dir() -> Path:
+    """Where DeepSpeed's compiled extensions are cached: one folder per Python environment, so
+    a checkout with another venv never rebuilds a library a job of this one has loaded."""
+    digest = hashlib.sha1(sys.prefix.encode()).hexdigest()[:10]
+    return Path.home() / ".cache" / "hyprun" / "torch_extensions" / digest
 
 
-def clear_stale_build_locks(folder: Path) -> None:
-    """Remove torch extension build locks a killed process left behind: torch waits on such a
-    lock forever, so every later job would hang before its first step."""
-    for lock in folder.glob("*/lock"):
-        try:
-            if time.time() - lock.stat().st_mtime > STALE_LOCK_S:
-                lock.unlink()
-        except FileNotFoundError:
-            pass  # the build finished meanwhile
+def load_comm_extension() -> None:
+    """Build (first time, ~40 s on a CPU) or load DeepSpeed's shared-memory comm extension under
+    an flock, before DeepSpeed asks for it, in the folder TORCH_EXTENSIONS_DIR names.
+
+    torch guards a build with a plain lock file that every loader takes, even to find the build
+    up to date; a process killed while holding it leaves it behind and every later job waits on
+    it forever. The kernel drops an flock with its holder, so a lock file found under ours is one
+    such leftover. DeepSpeed keeps the loaded module, so its own load during init takes no lock."""
+    import deepspeed
+    from deepspeed.accelerator import get_accelerator
+
+    builder = get_accelerator().create_op_builder("ShareMemCommBuilder")
+    if builder is None or not deepspeed.ops.__compatible_ops__.get(builder.NAME, False):
+        return  # this accelerator has no such extension
+    folder = Path(os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(extensions_dir())))
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / "hyprun.flock", "w") as guard:
+        fcntl.flock(guard, fcntl.LOCK_EX)  # released when the file closes or this process dies
+        for leftover in folder.glob("*/lock"):
+            leftover.unlink(missing_ok=True)
+        builder.load(verbose=False)
 
 
 def prepare_env() -> None:
@@ -59,9 +76,7 @@ def prepare_env() -> None:
     if not torch.cuda.is_available():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     # DeepSpeed compiles a communication extension on first use (~40 s on a CPU): keep it cached.
-    cache = Path.home() / ".cache" / "hyprun" / "torch_extensions"
-    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(cache))
-    clear_stale_build_locks(Path(os.environ["TORCH_EXTENSIONS_DIR"]))
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(extensions_dir()))
     if "RANK" not in os.environ and "SLURM_PROCID" in os.environ and "SLURM_NTASKS" in os.environ:
         # srun starts one task per process: translate Slurm's names into torch's.
         os.environ["RANK"] = os.environ["SLURM_PROCID"]
@@ -90,6 +105,7 @@ def init() -> Dist:
 
     cuda = torch.cuda.is_available()
     if not torch.distributed.is_initialized():
+        load_comm_extension()
         deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo", verbose=False)
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
@@ -120,6 +136,8 @@ def _first_node(nodelist: str | None) -> str:
     """The first host of a Slurm node list (`gpu[01-04]` -> `gpu01`), as Slurm expands it."""
     if not nodelist:
         return "127.0.0.1"
+    if not any(mark in nodelist for mark in "[,"):
+        return nodelist  # one plain host name: nothing to expand
     import subprocess
 
     out = subprocess.run(
