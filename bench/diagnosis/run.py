@@ -216,17 +216,20 @@ def _collect(store, name: str, scenario: Scenario, result: dict[str, Any]) -> No
         test_runs = store.seed_runs(test.run_id)
         test_spent = sum(_tokens(r) for r in test_runs)
         early = test.tags.get("hyprun.early") == "true"
-        saved = budget * seeds - test_spent if early else 0
-        effect = test.tags.get("hyprun.effect")
+        look_seeds = int(test.tags.get("hyprun.seeds", seeds))  # a later round plans more seeds
+        saved = budget * look_seeds - test_spent if early else 0
+        verdict = store.json_artifact(test.run_id, "verdict.json") or {}
         result["tests"].append(
             {
                 "number": test.number,
                 "card": test.card,
                 "delta": test.delta,
                 "verdict": test.verdict,
-                "effect": _float(effect),
+                "effect": _float(verdict.get("effect")),  # the improvement: + is better
+                "shown": test.tags.get("hyprun.effect", ""),  # as every output prints it
                 "early": early,
                 "seeds": len(test_runs),
+                "look_seeds": look_seeds,
                 "tokens_spent": test_spent,
                 "tokens_saved": saved,
                 "fixes": bool(test.card and test.card in scenario.fix),
@@ -253,7 +256,7 @@ def _tokens(run) -> int:
     return int(float(run.data.tags.get("hyprun.tokens", 0)))
 
 
-def _float(value: str | None) -> float | None:
+def _float(value: str | float | None) -> float | None:
     try:
         return float(value) if value not in (None, "", "None") else None
     except ValueError:

@@ -10,8 +10,9 @@ Definitions (each total says what it counts over):
 - strikes to the fix: rejected tests before the fixing card was confirmed, mean over the faults
   where it was.
 - early rejection: tokens not trained because a test was stopped early, as a share of the full
-  budget (seeds x tokens) of the clearly-worse tests: those stopped early, those that diverged,
-  and those rejected at full budget more than 5% worse than the baseline.
+  budget (tokens x the seeds planned at the look that stopped it) of the clearly-worse tests:
+  those stopped early, those that diverged, and those rejected at full budget more than 5% worse
+  than the baseline.
 A scenario that ends in an error counts as a wrong verdict, and as a triage miss unless its
 baseline's first seed was recorded and could still be diagnosed.
 """
@@ -57,7 +58,7 @@ def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
     quiet_tests = [t for r in quiet for t in r["tests"]]
     fixed = [r for r in faults if r["fix"] and right_verdict(r) and "strikes_to_confirm" in r]
     worse = [(r, t) for r in ok for t in r["tests"] if clearly_worse(t)]
-    worse_budget = sum(r["budget_tokens"] * r["seeds"] for r, _ in worse)
+    worse_budget = sum(r["budget_tokens"] * t.get("look_seeds", r["seeds"]) for r, t in worse)
     decided = [t for r in ok for t in r["tests"] if t["verdict"] in ("confirmed", "rejected")]
     summary = {
         "scenarios": len(results),
@@ -184,7 +185,7 @@ def _verdicts(r: dict[str, Any]) -> str:
     for t in r["tests"]:
         what = t["card"] or " ".join(t["delta"])
         how = t["verdict"] + (" early" if t["early"] else "")
-        effect = f" {t['effect']:+.1%}" if t["effect"] is not None else ""
+        effect = f" {t['shown']}" if t.get("shown") else ""
         seeds = f" ({t['seeds']} seeds)" if t.get("seeds") else ""
         parts.append(f"{what}: {how}{effect}{seeds}")
     if r["escalated"]:
