@@ -19,7 +19,7 @@ FAST := -m "not slow and not slurm and not browser"
 # The browser tests' screenshots (what a user sees in the MLflow UI): CI keeps this folder.
 HYPRUN_SCREENSHOTS ?= .hyprun/screenshots
 
-.PHONY: setup demo test test-fast lint bench bench-commands bench-demo bench-diagnosis bench-split \
+.PHONY: setup demo test test-fast lint bench bench-commands bench-demo bench-diagnosis bench-verdicts bench-split \
 	bench-faults gpu-check clean
 
 $(BIN)/hyprun: pyproject.toml
@@ -60,8 +60,15 @@ bench-demo: setup
 gpu-check: setup
 	PYTHON=$(BIN)/python bash bench/gpu_check.sh
 
+# Sequential verdicts, then fixed-k at the same seeds, then the two side by side (~20 min).
 bench-diagnosis: setup
-	$(BIN)/python -m bench.diagnosis
+	$(BIN)/python -m bench.diagnosis --out bench/diagnosis/results
+	$(BIN)/python -m bench.diagnosis --max-seeds 1 --out bench/diagnosis/results/fixed_k
+	$(BIN)/python -m bench.diagnosis.compare bench/diagnosis/results/fixed_k \
+		bench/diagnosis/results --out bench/diagnosis/results
+
+bench-verdicts: setup
+	$(BIN)/python -m bench.verdicts
 
 bench-split: setup
 	$(BIN)/python -m bench.diagnosis.split

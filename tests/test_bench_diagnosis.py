@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 from hydra.utils import instantiate
 
+from bench.diagnosis import compare
 from bench.diagnosis.run import load_scenarios, run_scenario
 from bench.diagnosis.table import render_markdown, right_verdict, summarize
 from diag.triage import TABLES_DIR, load_tables
@@ -78,6 +79,8 @@ def test_two_scenarios_end_to_end(workdir):
     assert [t["verdict"] for t in quiet["tests"]].count("confirmed") == 0, quiet["tests"]
     assert all(map(right_verdict, results))
     assert found["tokens_spent"] > quiet["tokens_spent"] > 0
+    fix = next(t for t in found["tests"] if t["verdict"] == "confirmed")
+    assert fix["effect"] > 0 and fix["shown"].startswith("eval/loss −"), fix  # better: lower
 
     summary = summarize(results)
     assert summary["top3"] == 1.0 and summary["verdict_accuracy"] == 1.0
@@ -91,3 +94,11 @@ def test_two_scenarios_end_to_end(workdir):
     }
     table = render_markdown(results, summary, meta)
     assert "| lr_too_low |" in table and "| healthy |" in table
+    assert f"{fix['card']}: confirmed {fix['shown']}" in table
+
+    run = {"meta": {**meta, "rule": "sequential to the cap"}, "summary": summary}
+    side_by_side = compare.render({**run, "scenarios": results}, {**run, "scenarios": results})
+    rule = next(line for line in side_by_side.splitlines() if line.startswith("| fixed k"))
+    quiet_tests = summary["quiet_tests"]
+    assert (f"| 0/{quiet_tests} = 0% (" if quiet_tests else "| no tests |") in rule, rule
+    assert f"right: {fix['card']} confirmed ({fix['seeds']})" in side_by_side
