@@ -91,13 +91,14 @@ def render(fixed: dict[str, Any], sequential: dict[str, Any]) -> str:
     ]
     lines = [
         f"Diagnosis benchmark, fixed-k against sequential verdicts (commit "
-        f"{', '.join(sorted(commits))}; {fixed['meta']['date']} and {sequential['meta']['date']}).",
+        f"{', '.join(sorted(commits))}; {fixed['meta']['date']} and {sequential['meta']['date']}; "
+        f"seeds to start: {sequential['meta']['seeds']}).",
         "",
         *markdown.table(
             head,
             [
-                rule_row(f"fixed k ({fixed['meta']['seeds']} seeds)", fixed),
-                rule_row(f"sequential ({sequential['meta']['rule']})", sequential),
+                rule_row("fixed k (the baseline's seeds)", fixed),
+                rule_row("sequential (rounds up to the cap)", sequential),
             ],
         ),
         "",
