@@ -180,3 +180,40 @@ def test_trainer_callback_names_the_module_of_a_planted_nan(workdir, monkeypatch
     _, document = diagnose(uri, probe.run_id, "hyprun")
     top = document["findings"][0]
     assert top["id"] == "nan_in_module" and "transformer.h.1.mlp.c_fc" in top["evidence"]
+
+
+def test_a_requeued_trainer_resumes_from_its_last_complete_checkpoint(tmp_path):
+    """A job preempted while saving leaves a newer `checkpoint-N` holding only some files (seen
+    on Slurm: config.json, generation_config.json): `get_last_checkpoint` returns it and the
+    Trainer refuses it; the last complete one resumes."""
+    from transformers.trainer_utils import get_last_checkpoint
+
+    from runner.job.callbacks import last_complete_checkpoint
+
+    out = tmp_path / "out"
+
+    def trainer(steps: int) -> Trainer:
+        args = TrainingArguments(
+            output_dir=str(out),
+            max_steps=steps,
+            save_steps=2,
+            per_device_train_batch_size=BATCH,
+            report_to="none",
+            use_cpu=True,
+            seed=0,
+        )
+        return Trainer(model=tiny_gpt2(), args=args, train_dataset=Tokens())
+
+    trainer(4).train()
+    cut_short = out / "checkpoint-6"
+    cut_short.mkdir()
+    tiny_gpt2().config.save_pretrained(cut_short)  # what a killed save had written
+    assert get_last_checkpoint(str(out)) == str(cut_short)
+    with pytest.raises(ValueError, match="valid checkpoint"):
+        trainer(6).train(resume_from_checkpoint=get_last_checkpoint(str(out)))
+
+    assert last_complete_checkpoint(out) == str(out / "checkpoint-4")
+    assert last_complete_checkpoint(tmp_path / "nothing") is None
+    resumed = trainer(6)
+    resumed.train(resume_from_checkpoint=last_complete_checkpoint(out))
+    assert resumed.state.global_step == 6

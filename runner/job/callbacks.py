@@ -6,6 +6,8 @@
     from runner.job.callbacks import HyprunLightningCallback
     lightning.Trainer(callbacks=[HyprunLightningCallback()]).fit(module, loader)
 
+`last_complete_checkpoint(output_dir)` is the Trainer checkpoint to resume from after a requeue.
+
 Keyword arguments go to `Probe` (`every_steps`, `step_unit`, `flops_per_token`, ...). The metrics
 land in the MLflow run named by MLFLOW_RUN_ID (what `hyprun baseline --app` sets), else the active
 run, else a new one; step = tokens seen (or optimizer steps, `step_unit="steps"`).
@@ -16,7 +18,9 @@ imported (a module `__getattr__`), so importing this module costs nothing.
 
 from __future__ import annotations
 
+import re
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 from runner.job.probe import Probe
@@ -134,6 +138,19 @@ def _lightning_callback() -> type:
                 self.probe.close()
 
     return _by_reference(HyprunLightningCallback)
+
+
+def last_complete_checkpoint(output_dir: str | Path) -> str | None:
+    """The newest `checkpoint-N` folder a `Trainer` finished writing, to resume from after a
+    requeue (None: start afresh). A job preempted while saving leaves a newer folder without
+    `trainer_state.json` (the Trainer writes it last), which `get_last_checkpoint` would return
+    and `Trainer.train` would refuse."""
+    steps = {}
+    for folder in Path(output_dir).glob("checkpoint-*"):
+        found = re.fullmatch(r"checkpoint-(\d+)", folder.name)
+        if found and (folder / "trainer_state.json").is_file():
+            steps[int(found.group(1))] = folder
+    return str(steps[max(steps)]) if steps else None
 
 
 def _by_reference(cls: type) -> type:

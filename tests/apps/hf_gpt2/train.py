@@ -2,8 +2,10 @@
 
 A Hydra app as a user writes one: its own conf/ folder, @hydra.main, seeds from its config,
 metrics to MLflow through the Trainer's own MLflow integration (`report_to: [mlflow]`), which
-logs into the run MLFLOW_RUN_ID names. Of hyprun it uses only the two lines a user adds for L1
-evidence: the import and `HyprunTrainerCallback` among the Trainer's callbacks.
+logs into the run MLFLOW_RUN_ID names. Of hyprun it uses the two lines a user adds for L1
+evidence, the import and `HyprunTrainerCallback` among the Trainer's callbacks, and
+`last_complete_checkpoint` to resume after a requeue (a job killed mid-save leaves a partial
+checkpoint that Transformers' `get_last_checkpoint` would pick).
 
     python -m tests.apps.hf_gpt2.train training.learning_rate=3e-3
 """
@@ -15,9 +17,8 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments, set_seed
-from transformers.trainer_utils import get_last_checkpoint
 
-from runner.job.callbacks import HyprunTrainerCallback
+from runner.job.callbacks import HyprunTrainerCallback, last_complete_checkpoint
 
 
 def markov_tokens(vocab: int, length: int, count: int, seed: int, follow: float) -> torch.Tensor:
@@ -68,7 +69,7 @@ def main(cfg: DictConfig) -> float:
         eval_dataset=Sequences(heldout),
         callbacks=[HyprunTrainerCallback(every_steps=cfg.probe_every)],  # L1 evidence
     )
-    trainer.train(resume_from_checkpoint=get_last_checkpoint(output_dir))
+    trainer.train(resume_from_checkpoint=last_complete_checkpoint(output_dir))
     return trainer.evaluate()["eval_loss"]
 
 
