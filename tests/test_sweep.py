@@ -15,8 +15,8 @@ from runner.control.controller import record_baseline
 from runner.control.sweep import (
     BaselinePruner,
     TrialWatch,
+    candidate_deltas,
     distribution,
-    one_variable,
     parse,
     sweep,
 )
@@ -51,17 +51,16 @@ def test_a_sweep_is_one_variable(argument, message):
 
 
 def test_the_one_variable_rule_holds_for_every_value_of_a_sweep():
-    assert one_variable([], "optim.lr", FloatDistribution(1e-5, 1e-3, log=True)).variable == (
-        "optim.lr"
-    )
+    lr = FloatDistribution(1e-5, 1e-3, log=True)
+    assert candidate_deltas([], "optim.lr", lr)[0].variable == "optim.lr"
     placement = CategoricalDistribution(["pre", "post"])
-    assert one_variable([], "model.placement", placement).variable == "model.placement"
+    assert candidate_deltas([], "model.placement", placement)[0].variable == "model.placement"
     # A group switch that moves keys both choices share is two variables for some value: the
     # sweep is refused with the pinned form, as a plain test would be.
     with pytest.raises(BadInput, match="hold them at the baseline's values"):
-        one_variable([], "sched", CategoricalDistribution(["cosine", "wsd"]))
+        candidate_deltas([], "sched", CategoricalDistribution(["cosine", "wsd"]))
     with pytest.raises(BadInput, match="controlled variable"):
-        one_variable([], "budget.tokens", IntDistribution(1000, 2000))
+        candidate_deltas([], "budget.tokens", IntDistribution(1000, 2000))
 
 
 def _curve(level: float, marks=(2048, 4096, 6144, 8192)) -> list[tuple[int, float]]:

@@ -108,13 +108,6 @@ def as_override(key: str, value: Any) -> str:
     return f"{key}={value:.6g}" if isinstance(value, float) else f"{key}={value}"
 
 
-def one_variable(
-    baseline: list[str], key: str, dist: BaseDistribution, app: HydraApp | None = None
-) -> Delta:
-    """Every value the sweep can take must pass the one-variable rule, on this one key."""
-    return candidate_deltas(baseline, key, dist, app)[0]
-
-
 def candidate_deltas(
     baseline: list[str], key: str, dist: BaseDistribution, app: HydraApp | None = None
 ) -> list[Delta]:
