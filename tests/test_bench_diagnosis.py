@@ -102,3 +102,11 @@ def test_two_scenarios_end_to_end(workdir):
     quiet_tests = summary["quiet_tests"]
     assert (f"| 0/{quiet_tests} = 0% (" if quiet_tests else "| no tests |") in rule, rule
     assert f"right: {fix['card']} confirmed ({fix['seeds']})" in side_by_side
+
+
+def test_compare_refuses_a_folder_without_a_run_and_writes_nothing(tmp_path, capsys):
+    out = tmp_path / "out"
+    assert compare.main([str(tmp_path / "none"), str(tmp_path), "--out", str(out)]) == 2
+    said = capsys.readouterr().err.strip().splitlines()
+    assert len(said) == 1 and said[0].startswith("no latest.json in "), said
+    assert not out.exists()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -116,6 +117,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("sequential", type=Path, help="folder of the sequential run's latest.json")
     parser.add_argument("--out", type=Path, help="folder to write compare.md in")
     args = parser.parse_args(argv)
+    for folder in (args.fixed, args.sequential):
+        if not (folder / "latest.json").is_file():
+            print(
+                f"no latest.json in {folder}: run 'python -m bench.diagnosis --out {folder}' "
+                "first (with --max-seeds 1 for the fixed-k side)",
+                file=sys.stderr,
+            )
+            return 2
     text = render(load(args.fixed), load(args.sequential))
     print(text)
     if args.out:
