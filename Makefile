@@ -19,7 +19,7 @@ FAST := -m "not slow and not slurm and not browser"
 # The browser tests' screenshots (what a user sees in the MLflow UI): CI keeps this folder.
 HYPRUN_SCREENSHOTS ?= .hyprun/screenshots
 
-.PHONY: setup demo test test-fast lint bench bench-commands bench-demo bench-diagnosis bench-verdicts bench-split \
+.PHONY: setup demo test test-fast lint bench bench-commands bench-demo bench-diagnosis bench-truth bench-verdicts bench-split \
 	bench-faults gpu-check clean
 
 $(BIN)/hyprun: pyproject.toml
@@ -68,6 +68,11 @@ bench-diagnosis: setup
 	$(BIN)/python -m bench.diagnosis --max-seeds 1 --out bench/diagnosis/results/fixed_k
 	$(BIN)/python -m bench.diagnosis.compare bench/diagnosis/results/fixed_k \
 		bench/diagnosis/results --out bench/diagnosis/results
+
+# The scenarios' labels (which cards remove each fault), measured on seeds the benchmark never
+# uses: about 20 minutes on 2 idle cores; rerun when a plant or a card changes.
+bench-truth: setup
+	$(BIN)/python -m bench.diagnosis.truth
 
 bench-verdicts: setup
 	$(BIN)/python -m bench.verdicts

@@ -5,7 +5,8 @@ Definitions (each total says what it counts over):
   first three of `diagnose`'s findings.
 - verdict accuracy: scenarios that end right: a fault with a fixing card ends with that card
   confirmed (and no other card confirmed); a fault no card fixes, a control and an A/A scenario
-  end with nothing confirmed.
+  end with nothing confirmed. Which cards fix a fault (scenarios.yaml's `fix`) is measured on
+  seeds the benchmark never uses (truth.py, results/truth.md), not read from its own verdicts.
 - false confirmations: confirmed tests among all tests run on controls and A/A pairs.
 - strikes to the fix: rejected tests before the fixing card was confirmed, mean over the faults
   where it was.

@@ -1,0 +1,229 @@
+"""Each fault scenario's label, measured apart from the benchmark (python -m bench.diagnosis.truth).
+
+`scenarios.yaml` says which cards remove each planted fault, and the benchmark scores a verdict
+right or wrong against that list. A label is only as good as the measurement behind it: one seed
+of a chaotic config (post-norm at a high LR moves 8-14% between seeds) is not one. This trains
+the planted config, and the planted config with each card's delta, on truth seeds the benchmark
+never uses (100 and up; the benchmark's are 0 to its cap, 7), K per side, and reports each
+card's effect on its primary metric with Welch's t-test (scipy.stats.ttest_ind, one-sided).
+
+A card **removes** the fault when its mean improves the primary by at least the card's
+min_effect with p < 0.05, or when the planted runs diverge and the card's all finish. The
+benchmark's labels are taken from this table, never from the runs it scores.
+
+    python -m bench.diagnosis.truth [--only NAME ...] [--cards ID ...] [--seeds K]
+
+A partial run (--only, --cards) replaces its own rows in results/truth.json and keeps the rest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from scipy import stats
+
+from bench.diagnosis.run import Scenario, load_scenarios
+
+RESULTS = Path(__file__).with_name("results")
+FIRST_TRUTH_SEED = 100
+DEFAULT_SEEDS = 6
+ALPHA = 0.05
+
+
+def train_once(overrides: list[str], seed: int, folder: Path, threads: int) -> dict[str, float]:
+    """One `hyprun train` in its own folder (its own MLflow file); the run's summary numbers."""
+    import mlflow
+
+    folder.mkdir(parents=True, exist_ok=True)
+    root = str(Path(__file__).resolve().parents[2])  # the faults' models import from bench/
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": root}
+    command = [sys.executable, "-m", "runner.cli.main", "train", *overrides, f"budget.seed={seed}"]
+    done = subprocess.run(command, cwd=folder, env=env, capture_output=True, text=True)
+    if done.returncode not in (0, 1):  # 1: the run diverged, still a measurement
+        raise RuntimeError(f"{' '.join(overrides)} seed {seed}: {done.stderr.strip()[-400:]}")
+    client = mlflow.MlflowClient(f"sqlite:///{folder}/mlflow.db")
+    (run,) = client.search_runs(client.search_experiments()[0].experiment_id)
+    speeds = [m.value for m in client.get_metric_history(run.info.run_id, "perf/tokens_per_s")]
+    loss = run.data.metrics.get("eval/loss", math.nan)
+    return {
+        "eval/loss": loss if math.isfinite(loss) else math.inf,
+        "perf/tokens_per_s": statistics.median(speeds[1:] or speeds) if speeds else 0.0,
+    }
+
+
+def effect(planted: list[float], fixed: list[float], direction: str, min_effect: float) -> dict:
+    """The card's relative improvement of the mean and whether it removes the fault. A diverged
+    run's loss is inf: where the planted runs diverge, the card removes the fault when all its
+    runs finish no worse than the planted runs that did."""
+    diverged = sum(math.isinf(v) for v in planted), sum(math.isinf(v) for v in fixed)
+    counts = {"diverged": list(diverged)}
+    if diverged[1]:
+        return {"improvement": None, "p": None, "removes": False, **counts}
+    if diverged[0]:
+        finished = [v for v in planted if math.isfinite(v)]
+        no_worse = not finished or statistics.fmean(fixed) <= statistics.fmean(finished)
+        return {"improvement": None, "p": None, "removes": no_worse, **counts}
+    sign = 1.0 if direction == "max" else -1.0
+    before, after = statistics.fmean(planted), statistics.fmean(fixed)
+    improvement = sign * (after - before) / abs(before)
+    alternative = "greater" if direction == "max" else "less"
+    p = float(stats.ttest_ind(fixed, planted, equal_var=False, alternative=alternative).pvalue)
+    removes = improvement >= min_effect and p < ALPHA
+    return {"improvement": improvement, "p": p, "removes": removes, **counts}
+
+
+def measure(
+    scenario: Scenario, common: list[str], cards: list[str], seeds: int, workdir: Path
+) -> dict:
+    """The planted config and each card on the truth seeds; one row per card."""
+    from omegaconf import OmegaConf
+
+    from hypotheses.schema import load_cards
+    from runner.compose import compose
+    from runner.control.one_variable import resolve_relative
+
+    known = load_cards()
+    planted = OmegaConf.to_container(compose([*common, *scenario.overrides]), resolve=True)
+    cpus = os.cpu_count() or 1
+    # A throughput truth runs alone with every core, as the benchmark runs it.
+    threads, jobs = (cpus, 1) if scenario.exclusive else (1, cpus)
+    sides = {"planted": [*common, *scenario.overrides]}
+    sides.update(
+        {card: [*sides["planted"], *resolve_relative(planted, known[card].delta)] for card in cards}
+    )
+    tasks = [(side, seed) for seed in range(seeds) for side in sides]  # interleaved: fair load
+    with ThreadPoolExecutor(jobs) as pool:
+        runs = pool.map(
+            lambda task: train_once(
+                sides[task[0]],
+                FIRST_TRUTH_SEED + task[1],
+                workdir / scenario.name / task[0] / str(task[1]),
+                threads,
+            ),
+            tasks,
+        )
+        measured = list(zip(tasks, runs, strict=True))
+    rows = []
+    for card in cards:
+        primary = known[card].primary
+        values = {
+            side: [run[primary.metric] for (name, _), run in measured if name == side]
+            for side in ("planted", card)
+        }
+        row = effect(values["planted"], values[card], primary.direction, primary.min_effect)
+        rows.append({"card": card, "metric": primary.metric, "seeds": seeds, **row, **values})
+    return {"scenario": scenario.name, "seeds": seeds, "cards": rows}
+
+
+def merge(old: list[dict], new: list[dict]) -> list[dict]:
+    """`old` with `new`'s rows in place of those of the same scenario and card."""
+    merged = {result["scenario"]: dict(result) for result in old}
+    for result in new:
+        kept = merged.get(result["scenario"], {"cards": []})["cards"]
+        measured = {row["card"] for row in result["cards"]}
+        cards = [row for row in kept if row["card"] not in measured] + result["cards"]
+        merged[result["scenario"]] = {**result, "cards": cards}
+    return list(merged.values())
+
+
+def rescore(results: list[dict]) -> list[dict]:
+    """Every row's verdict again from its stored values, so one rule decides them all."""
+    from hypotheses.schema import load_cards
+
+    known = load_cards()
+    for result in results:
+        for row in result["cards"]:
+            primary = known[row["card"]].primary
+            planted, fixed = row["planted"], row[row["card"]]
+            row.update(effect(planted, fixed, primary.direction, primary.min_effect))
+    return results
+
+
+def render(results: list[dict], labels: dict[str, tuple[str, ...]]) -> str:
+    """The table, beside each scenario's labels (`fix`) in scenarios.yaml."""
+    lines = [
+        f"Scenario labels measured on truth seeds {FIRST_TRUTH_SEED}+ (never the benchmark's), "
+        f"Welch one-sided p < {ALPHA} and at least the card's min_effect.",
+        "",
+        "| scenario | card | labelled a fix | measured: improvement (p) | removes the fault |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for result in results:
+        for row in result["cards"]:
+            if row["improvement"] is None:
+                planted, fixed = row["diverged"]
+                seeds = row.get("seeds", result["seeds"])
+                shown = f"diverged {planted}/{seeds} → {fixed}/{seeds}"
+            else:
+                seeds = row.get("seeds", result["seeds"])
+                shown = f"{row['improvement']:+.1%} (p={row['p']:.3f}, {seeds} seeds)"
+            labelled = "yes" if row["card"] in labels[result["scenario"]] else "no"
+            removes = "yes" if row["removes"] else "no"
+            lines.append(
+                f"| {result['scenario']} | {row['card']} | {labelled} | {shown} | {removes} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.diagnosis.truth")
+    parser.add_argument("--only", nargs="+", metavar="NAME", help="these scenarios only")
+    parser.add_argument(
+        "--cards", nargs="+", metavar="ID", help="measure these cards (default: each fix list)"
+    )
+    parser.add_argument("--seeds", type=int, default=DEFAULT_SEEDS, help="truth seeds per side")
+    parser.add_argument("--out", default=str(RESULTS), help="folder for truth.md and truth.json")
+    args = parser.parse_args(argv)
+    common, scenarios = load_scenarios()
+    labels = {s.name: s.fix for s in scenarios}
+    scenarios = [
+        s for s in scenarios if s.kind == "fault" and (not args.only or s.name in args.only)
+    ]
+    if not scenarios:
+        print(
+            f"no fault scenario named {args.only}: see bench/diagnosis/scenarios.yaml",
+            file=sys.stderr,
+        )
+        return 2
+    from hypotheses.schema import load_cards
+
+    unknown = sorted(set(args.cards or []) - set(load_cards()))
+    if unknown:
+        print(f"no card {', '.join(unknown)}: see hypotheses/*.yaml", file=sys.stderr)
+        return 2
+    workdir = Path(tempfile.mkdtemp(prefix="hyprun-truth-"))
+    start = time.monotonic()
+    results = []
+    for scenario in sorted(scenarios, key=lambda s: s.exclusive):
+        cards = args.cards or list(scenario.fix)
+        if cards:
+            results.append(measure(scenario, common, cards, args.seeds, workdir))
+            print(
+                "\n".join(render(results[-1:], labels).splitlines()[-len(cards) :]), file=sys.stderr
+            )
+    out = Path(args.out)
+    if (out / "truth.json").exists():  # a partial run (--only, --cards) updates its own rows
+        results = rescore(merge(json.loads((out / "truth.json").read_text()), results))
+    text = (
+        render(results, labels)
+        + f"\n{(time.monotonic() - start) / 60:.1f} min, runs in {workdir}\n"
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "truth.md").write_text(text)
+    (out / "truth.json").write_text(json.dumps(results, indent=1))
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,70 @@
+"""The diagnosis benchmark's labels (bench/diagnosis/truth.py): a card counts as a scenario's fix
+only where a measurement on seeds the benchmark never scores says it removes the fault."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from bench.diagnosis import truth
+from bench.diagnosis.run import load_scenarios
+
+_, SCENARIOS = load_scenarios()
+FAULTS = [s for s in SCENARIOS if s.kind == "fault"]
+MEASURED = {r["scenario"]: r for r in json.loads((truth.RESULTS / "truth.json").read_text())}
+
+
+def test_a_clear_improvement_beyond_the_min_effect_removes_the_fault():
+    row = truth.effect([5.0, 5.1, 5.2], [4.0, 4.1, 4.05], "min", 0.01)
+    assert row["removes"] and row["improvement"] == pytest.approx(0.2, abs=0.01)
+    assert row["p"] < 0.01
+
+
+def test_an_improvement_under_the_min_effect_or_within_noise_does_not():
+    assert not truth.effect([5.0, 5.01, 5.02], [4.99, 5.0, 5.01], "min", 0.01)["removes"]
+    assert not truth.effect([5.0, 4.0, 6.0], [4.9, 3.8, 5.9], "min", 0.01)["removes"]
+
+
+def test_throughput_improves_upward():
+    assert truth.effect([100.0, 101, 99], [130.0, 129, 131], "max", 0.05)["removes"]
+    assert not truth.effect([130.0, 129, 131], [100.0, 101, 99], "max", 0.05)["removes"]
+
+
+def test_a_fault_that_diverges_is_removed_only_by_a_card_whose_runs_all_finish():
+    diverged = [math.inf, math.inf]
+    assert truth.effect(diverged, [4.0, 4.1], "min", 0.01)["removes"]
+    assert not truth.effect(diverged, [4.0, math.inf], "min", 0.01)["removes"]
+    assert not truth.effect([4.0, 4.1], [3.0, math.inf], "min", 0.01)["removes"]
+    assert truth.effect([math.inf, 4.5], [4.0, 4.1], "min", 0.01)["removes"]
+    assert not truth.effect([math.inf, 4.0], [4.5, 4.6], "min", 0.01)["removes"]
+
+
+@pytest.mark.parametrize("scenario", FAULTS, ids=[s.name for s in FAULTS])
+def test_each_label_is_what_the_truth_seeds_measured(scenario):
+    """Every card labelled a fix was measured to remove the fault, and every card measured to
+    remove it is labelled (a fault with no fix card measures nothing)."""
+    if not scenario.fix:
+        assert scenario.name not in MEASURED or not any(
+            row["removes"] for row in MEASURED[scenario.name]["cards"]
+        )
+        return
+    rows = {row["card"]: row for row in MEASURED[scenario.name]["cards"]}
+    assert set(scenario.fix) <= set(rows), f"unmeasured labels: {set(scenario.fix) - set(rows)}"
+    removing = {card for card, row in rows.items() if row["removes"]}
+    assert set(scenario.fix) == removing
+
+
+def test_an_unknown_scenario_is_refused_and_nothing_is_written(tmp_path, capsys):
+    out = tmp_path / "truth"
+    assert truth.main(["--only", "no_such_scenario", "--out", str(out)]) == 2
+    assert "no fault scenario" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_an_unknown_card_is_refused_and_nothing_is_written(tmp_path, capsys):
+    out = tmp_path / "truth"
+    assert truth.main(["--only", "lr_too_low", "--cards", "no_such_card", "--out", str(out)]) == 2
+    assert "no card no_such_card" in capsys.readouterr().err
+    assert not out.exists()
