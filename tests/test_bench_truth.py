@@ -68,3 +68,20 @@ def test_an_unknown_card_is_refused_and_nothing_is_written(tmp_path, capsys):
     assert truth.main(["--only", "lr_too_low", "--cards", "no_such_card", "--out", str(out)]) == 2
     assert "no card no_such_card" in capsys.readouterr().err
     assert not out.exists()
+
+
+@pytest.mark.slow
+def test_a_measured_label_end_to_end_and_a_partial_rerun_keeps_the_other_rows(tmp_path):
+    """Real jobs through `hyprun train` and their MLflow files: LR x100 too low is removed by
+    lr_up_10x on the truth seeds; a second, partial run replaces only its own row."""
+    out = tmp_path / "truth"
+    out.mkdir()
+    (out / "truth.json").write_text(json.dumps([MEASURED["bf16_numerics"]]))
+    assert truth.main(["--only", "lr_too_low", "--seeds", "2", "--out", str(out)]) == 0
+    results = {r["scenario"]: r for r in json.loads((out / "truth.json").read_text())}
+    assert set(results) == {"bf16_numerics", "lr_too_low"}
+    (row,) = results["lr_too_low"]["cards"]
+    assert row["card"] == "lr_up_10x" and row["seeds"] == 2 and len(row["planted"]) == 2
+    assert row["removes"] and row["improvement"] > 0.01, row
+    assert results["bf16_numerics"] == MEASURED["bf16_numerics"]
+    assert "| lr_too_low | lr_up_10x | yes |" in (out / "truth.md").read_text()

@@ -160,14 +160,13 @@ def render(results: list[dict], labels: dict[str, tuple[str, ...]]) -> str:
     ]
     for result in results:
         for row in result["cards"]:
+            seeds = row.get("seeds", result["seeds"])
             if row["improvement"] is None:
                 planted, fixed = row["diverged"]
-                seeds = row.get("seeds", result["seeds"])
                 shown = f"diverged {planted}/{seeds} → {fixed}/{seeds}"
             else:
-                seeds = row.get("seeds", result["seeds"])
                 shown = f"{row['improvement']:+.1%} (p={row['p']:.3f}, {seeds} seeds)"
-            labelled = "yes" if row["card"] in labels[result["scenario"]] else "no"
+            labelled = "yes" if row["card"] in labels.get(result["scenario"], ()) else "no"
             removes = "yes" if row["removes"] else "no"
             lines.append(
                 f"| {result['scenario']} | {row['card']} | {labelled} | {shown} | {removes} |"
@@ -201,23 +200,29 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         print(f"no card {', '.join(unknown)}: see hypotheses/*.yaml", file=sys.stderr)
         return 2
+    out = Path(args.out)
+    recorded = json.loads((out / "truth.json").read_text()) if (out / "truth.json").exists() else []
+    # By default a scenario's fix list and every card measured for it before: a label that
+    # was changed to "no card fixes it" keeps the measurements that said so.
+    before = {r["scenario"]: [row["card"] for row in r["cards"]] for r in recorded}
     workdir = Path(tempfile.mkdtemp(prefix="hyprun-truth-"))
     start = time.monotonic()
     results = []
     for scenario in sorted(scenarios, key=lambda s: s.exclusive):
-        cards = args.cards or list(scenario.fix)
+        cards = args.cards or list(dict.fromkeys([*scenario.fix, *before.get(scenario.name, [])]))
         if cards:
             results.append(measure(scenario, common, cards, args.seeds, workdir))
             print(
                 "\n".join(render(results[-1:], labels).splitlines()[-len(cards) :]), file=sys.stderr
             )
-    out = Path(args.out)
-    if (out / "truth.json").exists():  # a partial run (--only, --cards) updates its own rows
-        results = rescore(merge(json.loads((out / "truth.json").read_text()), results))
-    text = (
-        render(results, labels)
-        + f"\n{(time.monotonic() - start) / 60:.1f} min, runs in {workdir}\n"
-    )
+    results = rescore(merge(recorded, results))  # a partial run replaces only its own rows
+    from runner.provenance import git_state
+
+    sha, dirty = git_state()
+    minutes = (time.monotonic() - start) / 60
+    stamp = f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, commit {sha[:10]}"
+    text = render(results, labels) + f"\nLast run {stamp}{' (dirty)' if dirty else ''}, "
+    text += f"{minutes:.1f} min; its jobs' MLflow files in {workdir}\n"
     out.mkdir(parents=True, exist_ok=True)
     (out / "truth.md").write_text(text)
     (out / "truth.json").write_text(json.dumps(results, indent=1))
