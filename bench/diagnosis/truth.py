@@ -4,12 +4,14 @@
 right or wrong against that list. A label is only as good as the measurement behind it: one seed
 of a chaotic config (post-norm at a high LR moves 8-14% between seeds) is not one. This trains
 the planted config, and the planted config with each card's delta, on truth seeds the benchmark
-never uses (100 and up; the benchmark's are 0 to its cap, 7), K per side, and reports each
-card's effect on its primary metric with Welch's t-test (scipy.stats.ttest_ind, one-sided).
+never uses (100 and up; the benchmark's are 0 to its cap, 7), K per side (6, or as many as the
+scenario was measured with before), and reports each card's effect on its primary metric with
+Welch's t-test (scipy.stats.ttest_ind, one-sided).
 
 A card **removes** the fault when its mean improves the primary by at least the card's
-min_effect with p < 0.05, or when the planted runs diverge and the card's all finish. The
-benchmark's labels are taken from this table, never from the runs it scores.
+min_effect with p < 0.05, or when planted runs diverge and all the card's runs finish no worse
+than the planted runs that did. The benchmark's labels are taken from this table, never from the
+runs it scores.
 
     python -m bench.diagnosis.truth [--only NAME ...] [--cards ID ...] [--seeds K]
 
@@ -46,12 +48,18 @@ def train_once(overrides: list[str], seed: int, folder: Path, threads: int) -> d
 
     folder.mkdir(parents=True, exist_ok=True)
     root = str(Path(__file__).resolve().parents[2])  # the faults' models import from bench/
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": root}
-    command = [sys.executable, "-m", "runner.cli.main", "train", *overrides, f"budget.seed={seed}"]
+    # A world and a store of its own, whatever this process inherited: the process group of a
+    # job run in this process (its MASTER_PORT is taken) and MLflow's run id or server.
+    own = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+    env = {k: v for k, v in os.environ.items() if k not in own and not k.startswith("MLFLOW_")}
+    env.update(OMP_NUM_THREADS=str(threads), PYTHONPATH=root)
+    store = f"sqlite:///{folder}/mlflow.db"
+    command = [sys.executable, "-m", "runner.cli.main", "train", *overrides]
+    command += [f"budget.seed={seed}", f"tracking.uri={store}"]
     done = subprocess.run(command, cwd=folder, env=env, capture_output=True, text=True)
     if done.returncode not in (0, 1):  # 1: the run diverged, still a measurement
         raise RuntimeError(f"{' '.join(overrides)} seed {seed}: {done.stderr.strip()[-400:]}")
-    client = mlflow.MlflowClient(f"sqlite:///{folder}/mlflow.db")
+    client = mlflow.MlflowClient(store)
     (run,) = client.search_runs(client.search_experiments()[0].experiment_id)
     speeds = [m.value for m in client.get_metric_history(run.info.run_id, "perf/tokens_per_s")]
     loss = run.data.metrics.get("eval/loss", math.nan)
@@ -180,7 +188,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--cards", nargs="+", metavar="ID", help="measure these cards (default: each fix list)"
     )
-    parser.add_argument("--seeds", type=int, default=DEFAULT_SEEDS, help="truth seeds per side")
+    parser.add_argument(
+        "--seeds",
+        type=int,
+        help=f"truth seeds per side (default: {DEFAULT_SEEDS}, or as many as a scenario had)",
+    )
     parser.add_argument("--out", default=str(RESULTS), help="folder for truth.md and truth.json")
     args = parser.parse_args(argv)
     common, scenarios = load_scenarios()
@@ -205,13 +217,15 @@ def main(argv: list[str] | None = None) -> int:
     # By default a scenario's fix list and every card measured for it before: a label that
     # was changed to "no card fixes it" keeps the measurements that said so.
     before = {r["scenario"]: [row["card"] for row in r["cards"]] for r in recorded}
+    had = {r["scenario"]: max(row.get("seeds", r["seeds"]) for row in r["cards"]) for r in recorded}
     workdir = Path(tempfile.mkdtemp(prefix="hyprun-truth-"))
     start = time.monotonic()
     results = []
     for scenario in sorted(scenarios, key=lambda s: s.exclusive):
         cards = args.cards or list(dict.fromkeys([*scenario.fix, *before.get(scenario.name, [])]))
         if cards:
-            results.append(measure(scenario, common, cards, args.seeds, workdir))
+            seeds = args.seeds or max(DEFAULT_SEEDS, had.get(scenario.name, 0))
+            results.append(measure(scenario, common, cards, seeds, workdir))
             print(
                 "\n".join(render(results[-1:], labels).splitlines()[-len(cards) :]), file=sys.stderr
             )
