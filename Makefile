@@ -70,7 +70,7 @@ bench-diagnosis: setup
 		bench/diagnosis/results --out bench/diagnosis/results
 
 # The scenarios' labels (which cards remove each fault), measured on seeds the benchmark never
-# uses: about 20 minutes on 2 idle cores; rerun when a plant or a card changes.
+# uses: about 30 minutes on 2 idle cores; rerun when a plant or a card changes.
 bench-truth: setup
 	$(BIN)/python -m bench.diagnosis.truth
 

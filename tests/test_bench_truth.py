@@ -85,3 +85,10 @@ def test_a_measured_label_end_to_end_and_a_partial_rerun_keeps_the_other_rows(tm
     assert row["removes"] and row["improvement"] > 0.01, row
     assert results["bf16_numerics"] == MEASURED["bf16_numerics"]
     assert "| lr_too_low | lr_up_10x | yes |" in (out / "truth.md").read_text()
+
+
+def test_fewer_than_two_seeds_are_refused_and_nothing_is_written(tmp_path, capsys):
+    out = tmp_path / "truth"
+    assert truth.main(["--only", "lr_too_low", "--seeds", "1", "--out", str(out)]) == 2
+    assert "at least 2 seeds" in capsys.readouterr().err
+    assert not out.exists()

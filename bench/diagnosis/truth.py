@@ -35,6 +35,7 @@ from pathlib import Path
 from scipy import stats
 
 from bench.diagnosis.run import Scenario, load_scenarios
+from hypotheses.schema import load_cards
 
 RESULTS = Path(__file__).with_name("results")
 FIRST_TRUTH_SEED = 100
@@ -96,7 +97,6 @@ def measure(
     """The planted config and each card on the truth seeds; one row per card."""
     from omegaconf import OmegaConf
 
-    from hypotheses.schema import load_cards
     from runner.compose import compose
     from runner.control.one_variable import resolve_relative
 
@@ -146,8 +146,6 @@ def merge(old: list[dict], new: list[dict]) -> list[dict]:
 
 def rescore(results: list[dict]) -> list[dict]:
     """Every row's verdict again from its stored values, so one rule decides them all."""
-    from hypotheses.schema import load_cards
-
     known = load_cards()
     for result in results:
         for row in result["cards"]:
@@ -206,11 +204,12 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    from hypotheses.schema import load_cards
-
     unknown = sorted(set(args.cards or []) - set(load_cards()))
     if unknown:
         print(f"no card {', '.join(unknown)}: see hypotheses/*.yaml", file=sys.stderr)
+        return 2
+    if args.seeds is not None and args.seeds < 2:
+        print(f"--seeds {args.seeds}: Welch's test needs at least 2 seeds a side", file=sys.stderr)
         return 2
     out = Path(args.out)
     recorded = json.loads((out / "truth.json").read_text()) if (out / "truth.json").exists() else []
