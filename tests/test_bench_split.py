@@ -5,7 +5,10 @@ outside CI: python -m bench.diagnosis.split."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
+from omegaconf import OmegaConf
 
 from bench.diagnosis.families import FAMILIES, SHAPES, instance_overrides, name_of
 from bench.diagnosis.split import _strikes, card_orders, load_split, rank_of, run_sets
@@ -30,6 +33,22 @@ def test_the_split_is_kept_and_covers_families_shapes_and_optimizers():
     tuned_magnitudes = {(e["family"], e["m"]) for e in SPLIT["tuning"]}
     assert len(held_magnitudes - tuned_magnitudes) >= len(FAMILIES)  # new magnitudes
     assert len(SPLIT["healthy"]) >= 12
+
+
+def test_no_healthy_entry_is_a_planted_fault():
+    """The split may not contradict itself: a healthy configuration that equals a fault instance
+    (as `tiny2_lr1e-3` equalled LR 3x too low on tiny2) asks a diagnosis to be silent and to
+    fire on the same run."""
+
+    def config_of(item):
+        overrides, _ = instance_overrides(item, {"compute_s": 0.05})
+        config = OmegaConf.to_container(compose([*SPLIT["common"], *overrides]), resolve=True)
+        config["budget"].pop("seed")
+        return json.dumps(config, sort_keys=True)
+
+    faults = {config_of(e): name_of(e) for e in SPLIT["tuning"] + SPLIT["heldout"]}
+    for entry in SPLIT["healthy"]:
+        assert config_of(entry) not in faults, (entry["name"], faults.get(config_of(entry)))
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))

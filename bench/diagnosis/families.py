@@ -148,6 +148,27 @@ FAMILIES: dict[str, Callable[[float, str, str, dict], Plant]] = {
     "bf16_cancellation": bf16_cancellation,
     "attention_temperature": attention_temperature,
 }
+MAGNITUDES: dict[str, tuple[float, float, str]] = {
+    "lr_high": (3, 1000, "log"),
+    "lr_low": (3, 1000, "log"),
+    "label_noise": (0.2, 0.8, "linear"),
+    "duplicates": (0.1, 0.6, "linear"),
+    "near_duplicates": (0.1, 0.4, "linear"),
+    "loader_delay": (0.2, 0.8, "linear"),
+    "init_scale": (1e-5, 1e-2, "log"),
+    "no_clip": (2, 6, "linear"),
+    "post_norm_depth": (4, 10, "integer"),
+    "moe_collapse": (2, 20, "log"),
+    "bf16_cancellation": (2, 8, "linear"),
+    "attention_temperature": (30, 1000, "log"),
+}
+"""Each family's magnitude range (low, high, how to draw in it), from which held-out sets are
+drawn (python -m bench.diagnosis.split --draw SEED)."""
+FIXED_SHAPE = {"moe_collapse": "moe", "post_norm_depth": "tiny2"}
+"""Families that plant their own shape (post-norm depth sets its own layer count on tiny2)."""
+FIXED_OPTIMIZER = {"no_clip": "sgd"}
+SGD_SHAPES = ("tiny2", "deep6")
+"""Shapes with a healthy SGD reference in the split (the harm check needs one)."""
 THROUGHPUT = {"loader_delay"}
 """Families whose harm is time, not loss: judged without the eval-loss harm check."""
 STATIC = {"duplicates", "near_duplicates"}

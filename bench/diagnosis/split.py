@@ -36,6 +36,11 @@ import numpy as np
 import yaml
 
 from bench.diagnosis.families import (
+    FIXED_OPTIMIZER,
+    FIXED_SHAPE,
+    MAGNITUDES,
+    SGD_SHAPES,
+    SHAPES,
     STATIC,
     STRUCTURAL,
     THROUGHPUT,
@@ -56,6 +61,10 @@ above the healthy run of the same shape and optimizer (or it diverged); a fault 
 harm is listed but not scored: there is nothing to diagnose. Loader delay (time), duplicates
 (seen in the data by L0) and MoE collapse (idle experts) are always scored."""
 SHUFFLES = 2000
+KEY = ("family", "m", "shape", "optim", "seed")
+DRAW_PER_FAMILY = 3
+DRAW_SEEDS = range(6, 10)
+"""Seeds of a fresh draw: 0-5 are the tuning set's and the spent draw's."""
 CLASSIC_LISTING = [
     "lr_down_10x",
     "sched_cosine_warm_restarts",
@@ -95,6 +104,37 @@ def reference_of(item: dict[str, Any], healthy: list[dict[str, Any]]) -> dict[st
     return None
 
 
+def draw(seed: int, per_family: int, seeds: range, taken: set[tuple]) -> list[dict[str, Any]]:
+    """A fresh held-out set: per family, `per_family` entries at magnitudes drawn in the
+    family's range, on a drawn shape and optimizer, with a drawn seed, none repeating `taken`
+    (family, m, shape, optim, seed) keys. Drawn by a seeded generator, not picked by hand, so
+    the entries owe nothing to what the tables were tuned on."""
+    rng = np.random.default_rng(seed)
+    entries: list[dict[str, Any]] = []
+    for family, (low, high, scale) in MAGNITUDES.items():
+        while sum(e["family"] == family for e in entries) < per_family:
+            entry = {"family": family, "m": _magnitude(rng, low, high, scale)}
+            entry["optim"] = FIXED_OPTIMIZER.get(family) or str(rng.choice(["adamw", "sgd"]))
+            shapes = SGD_SHAPES if entry["optim"] == "sgd" else tuple(SHAPES)
+            entry["shape"] = FIXED_SHAPE.get(family) or str(rng.choice(shapes))
+            entry["seed"] = int(rng.choice(seeds))
+            key = tuple(entry[k] for k in ("family", "m", "shape", "optim", "seed"))
+            if key not in taken:
+                taken.add(key)
+                entries.append(entry)
+    return entries
+
+
+def _magnitude(rng: np.random.Generator, low: float, high: float, scale: str) -> float:
+    if scale == "integer":
+        return int(rng.integers(int(low), int(high) + 1))
+    if scale == "log":
+        value = float(np.exp(rng.uniform(np.log(low), np.log(high))))
+    else:
+        value = float(rng.uniform(low, high))
+    return float(f"{value:.2g}")
+
+
 def run_entry(
     item: dict[str, Any], common: list[str], workdir: Path, context: dict
 ) -> dict[str, Any]:
@@ -102,7 +142,6 @@ def run_entry(
     from omegaconf import OmegaConf
 
     from runner.compose import compose
-    from runner.control.diagnose import diagnose
     from runner.job.train import run
 
     name = name_of(item)
@@ -123,25 +162,48 @@ def run_entry(
             ]
         )
         result = run(cfg)
-        _, document = diagnose(uri, result.run_id, EXPERIMENT)
-        features = document["features"]
         out.update(
+            run_id=result.run_id,
             status=result.status,
             eval_loss=result.eval_loss,
-            findings=[
-                {"id": f["id"], "severity": f["severity"], "cards": f["cards"]}
-                for f in document["findings"]
-            ],
-            compute_s=(features.get("compute_s_best") or {}).get("value"),
-            features={  # what healthy runs show, for thresholds read against them
-                k: f["value"] for k, f in features.items() if isinstance(f["value"], int | float)
-            },
             config=OmegaConf.to_container(cfg, resolve=True),
         )
+        out.update(diagnosed(uri, result.run_id))
     except Exception as error:  # a broken entry is a result, not a crashed benchmark
         out["error"] = f"{type(error).__name__}: {error}"[:1000]
     out["seconds"] = round(time.monotonic() - start, 1)
     return out
+
+
+def diagnosed(uri: str, run_id: str) -> dict[str, Any]:
+    """The findings of a recorded run as `hyprun diagnose` ranks them, and its features."""
+    from runner.control.diagnose import diagnose
+
+    _, document = diagnose(uri, run_id, EXPERIMENT)
+    features = document["features"]
+    return {
+        "findings": [
+            {"id": f["id"], "severity": f["severity"], "cards": f["cards"]}
+            for f in document["findings"]
+        ],
+        "compute_s": (features.get("compute_s_best") or {}).get("value"),
+        "features": {  # what healthy runs show, for thresholds read against them
+            k: f["value"] for k, f in features.items() if isinstance(f["value"], int | float)
+        },
+    }
+
+
+def rediagnose(workdir: Path) -> dict[str, dict]:
+    """Diagnose every recorded run in workdir again with the current tables (seconds, not a
+    rerun of the jobs): how a tuning iteration reads a table change."""
+    store = workdir / "split.json"
+    results: dict[str, dict] = json.loads(store.read_text())
+    uri = f"sqlite:///{workdir}/mlflow.db"
+    for result in results.values():
+        if result.get("run_id"):
+            result.update(diagnosed(uri, result["run_id"]))
+    store.write_text(json.dumps(results, indent=1, default=str))
+    return results
 
 
 def run_sets(
@@ -412,7 +474,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", help="MLflow file, checkpoints and split.json (resumable)")
     parser.add_argument("--out", default=str(Path(__file__).with_name("results")))
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
+    parser.add_argument(
+        "--rediagnose",
+        action="store_true",
+        help="diagnose the runs already in --workdir again with the current tables (no jobs)",
+    )
+    parser.add_argument(
+        "--draw", type=int, metavar="SEED", help="print a fresh held-out set drawn with SEED"
+    )
     args = parser.parse_args(argv)
+    if args.rediagnose and not (args.workdir and Path(args.workdir, "split.json").exists()):
+        parser.error("--rediagnose needs --workdir DIR holding an earlier run's split.json")
+    if args.draw is not None:
+        split = load_split()
+        taken = {tuple(e.get(k) for k in KEY) for e in split["tuning"]}
+        for entry in draw(args.draw, DRAW_PER_FAMILY, DRAW_SEEDS, taken):
+            print("  - " + json.dumps(entry).replace('"', ""))
+        return 0
     if str(ROOT) not in sys.path:  # the planted models are imported by name, from any cwd
         sys.path.insert(0, str(ROOT))
     import torch
@@ -425,7 +503,7 @@ def main(argv: list[str] | None = None) -> int:
     sha, dirty = git_state()
     start = time.monotonic()
     os.chdir(workdir)  # MLflow's default artifact root is relative to the cwd
-    results = run_sets(args.sets, args.only, workdir)
+    results = rediagnose(workdir) if args.rediagnose else run_sets(args.sets, args.only, workdir)
     summary = summarize(results, args.sets)
     common = load_split()["common"]
     budget = next(int(o.split("=")[1]) for o in common if o.startswith("budget.tokens="))
