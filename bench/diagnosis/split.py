@@ -202,6 +202,9 @@ def rediagnose(workdir: Path) -> dict[str, dict]:
     for result in results.values():
         if result.get("run_id"):
             result.update(diagnosed(uri, result["run_id"]))
+        if "family" in result["item"]:  # the families' cause lists may have changed too
+            _, plant = instance_overrides(result["item"], {"compute_s": 1.0})  # sleep unused
+            result.update(cause=plant.cause, fix=plant.fix)
     store.write_text(json.dumps(results, indent=1, default=str))
     return results
 
