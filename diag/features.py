@@ -170,6 +170,12 @@ def _gradients(ev: Evidence, out: Features) -> None:
                 f"its median {_g(med)}",
             )
         step0, first = pts[0]
+        if len(pts) >= 4 and first and top is not None:
+            out["grad_norm_max_over_first"] = Feature(
+                top / first,
+                f"grad norm max {_g(top)} (after the first 10% of tokens) is {top / first:.3g}x "
+                f"its level at the first probe {_g(first)}",
+            )
         if len(pts) >= 4 and med:
             out["grad_norm_first_over_median"] = Feature(
                 first / med,
@@ -479,7 +485,8 @@ NEEDS = {
     ),
     "train/loss or the hyprun.outcome tag": "nonfinite_count diverged",
     "grad/norm": (
-        "grad_norm_median grad_norm_max_over_median grad_norm_first_over_median grad_spikes"
+        "grad_norm_median grad_norm_max_over_median grad_norm_max_over_first "
+        "grad_norm_first_over_median grad_spikes"
     ),
     "grad/norm/blocks.<i> (two or more blocks)": "grad_layer_ratio",
     "param/update_ratio": "update_ratio_median",

@@ -468,6 +468,42 @@ def test_tiny_init_writes_nothing_and_starts_with_no_gradient():
     assert first.cards == ["init_std_gpt2", "init_std_up"]
 
 
+def test_a_moderately_small_init_is_a_tiny_init_too():
+    """Init x0.01 on tiny2 (tuning split) measured a first grad norm 0.064x its median and a
+    first write ratio 4.3e-4; healthy runs start at >= 0.80x and write >= 0.23."""
+    ev = healthy()
+    grad = ev.series["grad/norm"]
+    grad[0] = (grad[0][0], 0.064 * S.median(grad))
+    for b in range(BLOCKS):
+        key = f"act/write_ratio/blocks.{b}"
+        ev.series[key][0] = (ev.series[key][0][0], 4.3e-4)
+    assert top(ev)[1].id == "init_too_small"
+
+
+def test_a_gradient_surge_after_a_calm_start_is_lr_too_high():
+    """LR x3 on 6 layers (tuning split): the grad norm rose to 4.3x its start, 7.7x its median,
+    in a run that finished 13% worse than healthy."""
+    ev = healthy()
+    grad = ev.series["grad/norm"]
+    k = len(grad) // 4
+    grad[k] = (grad[k][0], 4.3 * grad[0][1])  # this run starts at 3x its median
+    diag, first = top(ev)
+    assert first.id == "lr_too_high_surges" and first.cards[0] == "lr_down_10x"
+    assert first.numbers["grad_norm_max_over_first"] > 3.0
+
+
+def test_a_gradient_that_starts_high_and_settles_is_not_a_surge():
+    """A long healthy run's gradient starts high and settles: its maximum is its start, however
+    far it sits above the later median."""
+    ev = healthy()
+    grad = ev.series["grad/norm"]
+    ev.series["grad/norm"] = [(s, v * (1 + 8 * np.exp(-i / 3))) for i, (s, v) in enumerate(grad)]
+    feats = features(ev)
+    assert feats["grad_norm_max_over_median"].value > 5.0
+    assert feats["grad_norm_max_over_first"].value < 1.0
+    assert "lr_too_high_surges" not in [f.id for f in triage(ev).findings]
+
+
 def test_zero_init_output_projections_alone_are_not_a_tiny_init():
     """A block that writes 0 at the first step (zero-init output projection) but gets a normal
     gradient is a deliberate recipe, not a starved network."""
