@@ -14,6 +14,10 @@ from bench.diagnosis.run import load_scenarios
 _, SCENARIOS = load_scenarios()
 FAULTS = [s for s in SCENARIOS if s.kind == "fault"]
 MEASURED = {r["scenario"]: r for r in json.loads((truth.RESULTS / "truth.json").read_text())}
+_, FAMILY_FAULTS = truth.family_scenarios()
+MEASURED_FAMILIES = {
+    r["scenario"]: r for r in json.loads((truth.RESULTS / "truth_families.json").read_text())
+}
 
 
 def test_a_clear_improvement_beyond_the_min_effect_removes_the_fault():
@@ -43,14 +47,25 @@ def test_a_fault_that_diverges_is_removed_only_by_a_card_whose_runs_all_finish()
 
 @pytest.mark.parametrize("scenario", FAULTS, ids=[s.name for s in FAULTS])
 def test_each_label_is_what_the_truth_seeds_measured(scenario):
+    assert_label_measured(scenario, MEASURED)
+
+
+@pytest.mark.parametrize("family", FAMILY_FAULTS, ids=[s.name for s in FAMILY_FAULTS])
+def test_each_family_fix_list_is_what_the_truth_seeds_measured(family):
+    """The family benchmark's card-order comparison counts a card in the fix list as confirmed:
+    that list is measured too (bench/diagnosis/results/truth_families.md)."""
+    assert_label_measured(family, MEASURED_FAMILIES)
+
+
+def assert_label_measured(scenario, measured: dict) -> None:
     """Every card labelled a fix was measured to remove the fault, and every card measured to
     remove it is labelled (a fault with no fix card measures nothing)."""
     if not scenario.fix:
-        assert scenario.name not in MEASURED or not any(
-            row["removes"] for row in MEASURED[scenario.name]["cards"]
+        assert scenario.name not in measured or not any(
+            row["removes"] for row in measured[scenario.name]["cards"]
         )
         return
-    rows = {row["card"]: row for row in MEASURED[scenario.name]["cards"]}
+    rows = {row["card"]: row for row in measured[scenario.name]["cards"]}
     assert set(scenario.fix) <= set(rows), f"unmeasured labels: {set(scenario.fix) - set(rows)}"
     removing = {card for card, row in rows.items() if row["removes"]}
     assert set(scenario.fix) == removing
@@ -60,6 +75,13 @@ def test_an_unknown_scenario_is_refused_and_nothing_is_written(tmp_path, capsys)
     out = tmp_path / "truth"
     assert truth.main(["--only", "no_such_scenario", "--out", str(out)]) == 2
     assert "no fault scenario" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_an_unknown_family_is_refused_and_nothing_is_written(tmp_path, capsys):
+    out = tmp_path / "truth"
+    assert truth.main(["--families", "--only", "no_such_family", "--out", str(out)]) == 2
+    assert "no fault family" in capsys.readouterr().err.splitlines()[-1]
     assert not out.exists()
 
 

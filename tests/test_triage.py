@@ -340,6 +340,19 @@ def test_lr_warning_with_runaway_weights_is_lr_too_high():
     assert [f.id for f in diag.findings][1:] == ["attention_collapse", "drift_from_init"]
 
 
+def test_lr_warning_with_swamping_writes_is_lr_too_high_not_the_placement():
+    """LR 7.4x too high on a pre-norm model: blocks wrote 303x their input before the weights
+    had drifted 2x from init; the LR row ranks above the residual row's placement cards."""
+    ev = healthy()
+    ev.static[1] = {**ev.static[1], "status": "warn", "value": 2.2e-2}
+    for b in range(BLOCKS):
+        key = f"act/write_ratio/blocks.{b}"
+        ev.series[key] = [(s, 303.0 if b == 1 else v) for s, v in ev.series[key]]
+    diag, first = top(ev)
+    assert first.id == "lr_high_with_writes" and first.cards[0] == "lr_down_10x"
+    assert [f.id for f in diag.findings][1] == "residual_write_overwhelms"
+
+
 def test_attention_collapse():
     ev = healthy()
     p = np.arange(N // PROBE)

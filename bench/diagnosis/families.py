@@ -36,7 +36,7 @@ HEALTHY_LR = {"adamw": 3e-3, "sgd": 0.3}
 healthy population's runs), from which the LR families scale."""
 
 LR_HIGH = ["lr_too_high_config", "lr_too_high_diverged", "lr_too_high_oscillation"]
-LR_HIGH += ["lr_high_with_drift", "lr_too_high_surges"]
+LR_HIGH += ["lr_high_with_drift", "lr_high_with_writes", "lr_too_high_surges"]
 SPIKES = ["exploded_then_nan", "exploding_gradients", "grad_spikes", "loss_spikes"]
 SPIKES += ["unclipped_spikes"]
 

@@ -63,8 +63,9 @@ harm is listed but not scored: there is nothing to diagnose. Loader delay (time)
 SHUFFLES = 2000
 KEY = ("family", "m", "shape", "optim", "seed")
 DRAW_PER_FAMILY = 3
-DRAW_SEEDS = range(6, 10)
-"""Seeds of a fresh draw: 0-5 are the tuning set's and the spent draw's."""
+DRAW_SEEDS = range(10, 14)
+"""Seeds of a fresh draw: 0-9 are the tuning set's, spent draws included (the second draw,
+2026-12-01, used 6-9)."""
 CLASSIC_LISTING = [
     "lr_down_10x",
     "sched_cosine_warm_restarts",

@@ -13,9 +13,12 @@ min_effect with p < 0.05, or when planted runs diverge and all the card's runs f
 than the planted runs that did. The benchmark's labels are taken from this table, never from the
 runs it scores.
 
-    python -m bench.diagnosis.truth [--only NAME ...] [--cards ID ...] [--seeds K]
+    python -m bench.diagnosis.truth [--families] [--only NAME ...] [--cards ID ...] [--seeds K]
 
 A partial run (--only, --cards) replaces its own rows in results/truth.json and keeps the rest.
+With --families the same is done for the fault families' fix lists (bench/diagnosis/families.py),
+which the family benchmark's card-order comparison takes as the truth: each family is planted as
+its first tuning instance in split.yaml, and the results go to results/truth_families.*.
 """
 
 from __future__ import annotations
@@ -41,6 +44,37 @@ RESULTS = Path(__file__).with_name("results")
 FIRST_TRUTH_SEED = 100
 DEFAULT_SEEDS = 6
 ALPHA = 0.05
+LOADER_COMPUTE_S = 0.05
+"""Compute seconds per step the loader-delay family sizes its sleep against here (the split
+reads it from a healthy run; the truth of "more workers remove the wait" does not hinge on it)."""
+
+
+def family_scenarios() -> tuple[list[str], list[Scenario]]:
+    """Each fault family planted as its first tuning instance, as a scenario whose label is the
+    family's fix list."""
+    from bench.diagnosis.families import THROUGHPUT, instance_overrides, name_of
+    from bench.diagnosis.split import load_split
+
+    split = load_split()
+    first: dict[str, dict] = {}
+    for item in split["tuning"]:
+        first.setdefault(item["family"], item)
+    scenarios = []
+    for family, item in first.items():
+        overrides, plant = instance_overrides(item, {"compute_s": LOADER_COMPUTE_S})
+        scenarios.append(
+            Scenario(
+                name=family,
+                kind="fault",
+                fault=name_of(item),
+                base=(),
+                plant=tuple(o for o in overrides if not o.startswith("budget.seed=")),
+                cause=tuple(plant.cause),
+                fix=tuple(plant.fix),
+                exclusive=family in THROUGHPUT,
+            )
+        )
+    return split["common"], scenarios
 
 
 def train_once(overrides: list[str], seed: int, folder: Path, threads: int) -> dict[str, float]:
@@ -130,7 +164,7 @@ def measure(
         }
         row = effect(values["planted"], values[card], primary.direction, primary.min_effect)
         rows.append({"card": card, "metric": primary.metric, "seeds": seeds, **row, **values})
-    return {"scenario": scenario.name, "seeds": seeds, "cards": rows}
+    return {"scenario": scenario.name, "fault": scenario.fault, "seeds": seeds, "cards": rows}
 
 
 def merge(old: list[dict], new: list[dict]) -> list[dict]:
@@ -158,7 +192,7 @@ def rescore(results: list[dict]) -> list[dict]:
 def render(results: list[dict], labels: dict[str, tuple[str, ...]]) -> str:
     """The table, beside each scenario's labels (`fix`) in scenarios.yaml."""
     lines = [
-        f"Scenario labels measured on truth seeds {FIRST_TRUTH_SEED}+ (never the benchmark's), "
+        f"Labels measured on truth seeds {FIRST_TRUTH_SEED}+ (never the benchmark's), "
         f"Welch one-sided p < {ALPHA} and at least the card's min_effect.",
         "",
         "| scenario | card | labelled a fix | measured: improvement (p) | removes the fault |",
@@ -192,15 +226,20 @@ def main(argv: list[str] | None = None) -> int:
         help=f"truth seeds per side (default: {DEFAULT_SEEDS}, or as many as a scenario had)",
     )
     parser.add_argument("--out", default=str(RESULTS), help="folder for truth.md and truth.json")
+    parser.add_argument(
+        "--families", action="store_true", help="the fault families' fix lists (split.yaml)"
+    )
     args = parser.parse_args(argv)
-    common, scenarios = load_scenarios()
+    common, scenarios = family_scenarios() if args.families else load_scenarios()
+    stem = "truth_families" if args.families else "truth"
     labels = {s.name: s.fix for s in scenarios}
     scenarios = [
         s for s in scenarios if s.kind == "fault" and (not args.only or s.name in args.only)
     ]
     if not scenarios:
         print(
-            f"no fault scenario named {args.only}: see bench/diagnosis/scenarios.yaml",
+            f"no fault {'family' if args.families else 'scenario'} named {args.only}: see "
+            f"bench/diagnosis/{'families.py' if args.families else 'scenarios.yaml'}",
             file=sys.stderr,
         )
         return 2
@@ -212,7 +251,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"--seeds {args.seeds}: Welch's test needs at least 2 seeds a side", file=sys.stderr)
         return 2
     out = Path(args.out)
-    recorded = json.loads((out / "truth.json").read_text()) if (out / "truth.json").exists() else []
+    store = out / f"{stem}.json"
+    recorded = json.loads(store.read_text()) if store.exists() else []
     # By default a scenario's fix list and every card measured for it before: a label that
     # was changed to "no card fixes it" keeps the measurements that said so.
     before = {r["scenario"]: [row["card"] for row in r["cards"]] for r in recorded}
@@ -237,8 +277,8 @@ def main(argv: list[str] | None = None) -> int:
     text = render(results, labels) + f"\nLast run {stamp}{' (dirty)' if dirty else ''}, "
     text += f"{minutes:.1f} min; its jobs' MLflow files in {workdir}\n"
     out.mkdir(parents=True, exist_ok=True)
-    (out / "truth.md").write_text(text)
-    (out / "truth.json").write_text(json.dumps(results, indent=1))
+    (out / f"{stem}.md").write_text(text)
+    store.write_text(json.dumps(results, indent=1))
     print(text)
     return 0
 
