@@ -10,13 +10,29 @@ import json
 import pytest
 from omegaconf import OmegaConf
 
-from bench.diagnosis.families import FAMILIES, SHAPES, instance_overrides, name_of
-from bench.diagnosis.split import _strikes, card_orders, load_split, rank_of, run_sets
+from bench.diagnosis.families import (
+    FAMILIES,
+    MAGNITUDES,
+    SGD_SHAPES,
+    SHAPES,
+    instance_overrides,
+    name_of,
+)
+from bench.diagnosis.split import (
+    DRAW_PER_FAMILY,
+    KEY,
+    _strikes,
+    card_orders,
+    draw,
+    load_split,
+    main,
+    rank_of,
+    run_sets,
+)
 from hypotheses.schema import load_cards
 from runner.compose import compose
 
 SPLIT = load_split()
-KEY = ("family", "m", "shape", "optim", "seed")
 
 
 def test_the_split_is_kept_and_covers_families_shapes_and_optimizers():
@@ -33,6 +49,28 @@ def test_the_split_is_kept_and_covers_families_shapes_and_optimizers():
     tuned_magnitudes = {(e["family"], e["m"]) for e in SPLIT["tuning"]}
     assert len(held_magnitudes - tuned_magnitudes) >= len(FAMILIES)  # new magnitudes
     assert len(SPLIT["healthy"]) >= 12
+
+
+def test_the_heldout_set_is_what_its_seed_draws():
+    """Not picked by hand: split.yaml's held-out entries are `--draw 20261202` on seeds 10-13,
+    drawn against the tuning set, each within its family's range and constraints."""
+    taken = {tuple(e.get(k) for k in KEY) for e in SPLIT["tuning"]}
+    drawn = draw(20261202, DRAW_PER_FAMILY, range(10, 14), taken)
+    assert [tuple(e[k] for k in KEY) for e in drawn] == [
+        tuple(e[k] for k in KEY) for e in SPLIT["heldout"]
+    ]
+    for entry in drawn:
+        low, high, _ = MAGNITUDES[entry["family"]]
+        assert low <= entry["m"] <= high
+        assert entry["optim"] == "adamw" or entry["shape"] in SGD_SHAPES
+    assert draw(1, 1, range(10, 14), set()) != draw(2, 1, range(10, 14), set())
+
+
+def test_rediagnose_without_a_recorded_run_is_refused(tmp_path, capsys):
+    code = main(["--rediagnose", "--workdir", str(tmp_path / "none"), "--out", str(tmp_path)])
+    said = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(said) == 1 and said[0].startswith("--rediagnose needs --workdir")
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_no_healthy_entry_is_a_planted_fault():

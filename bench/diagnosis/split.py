@@ -2,6 +2,8 @@
 
     python -m bench.diagnosis.split [--set heldout healthy tuning] [--only NAME ...]
                                     [--workdir DIR] [--out DIR]
+    python -m bench.diagnosis.split --rediagnose --workdir DIR   # tables changed, same runs
+    python -m bench.diagnosis.split --draw SEED                  # print a fresh held-out set
 
 Every entry of split.yaml is one seed of one job, run in this process one after another (a
 process per job would pay torch's and DeepSpeed's start-up each time), then `diagnose`d as a
@@ -119,7 +121,7 @@ def draw(seed: int, per_family: int, seeds: range, taken: set[tuple]) -> list[di
             shapes = SGD_SHAPES if entry["optim"] == "sgd" else tuple(SHAPES)
             entry["shape"] = FIXED_SHAPE.get(family) or str(rng.choice(shapes))
             entry["seed"] = int(rng.choice(seeds))
-            key = tuple(entry[k] for k in ("family", "m", "shape", "optim", "seed"))
+            key = tuple(entry[k] for k in KEY)
             if key not in taken:
                 taken.add(key)
                 entries.append(entry)
@@ -488,7 +490,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     if args.rediagnose and not (args.workdir and Path(args.workdir, "split.json").exists()):
-        parser.error("--rediagnose needs --workdir DIR holding an earlier run's split.json")
+        needs = "--rediagnose needs --workdir DIR holding an earlier run's split.json"
+        print(needs, file=sys.stderr)
+        return 2
     if args.draw is not None:
         split = load_split()
         taken = {tuple(e.get(k) for k in KEY) for e in split["tuning"]}
