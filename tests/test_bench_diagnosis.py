@@ -4,12 +4,14 @@ runs all of them outside CI."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from hydra.utils import instantiate
 
 from bench.diagnosis import compare
 from bench.diagnosis.run import load_scenarios, run_scenario
-from bench.diagnosis.table import render_markdown, right_verdict, summarize
+from bench.diagnosis.table import relabel, render_markdown, right_verdict, summarize
 from diag.triage import TABLES_DIR, load_tables
 from hypotheses.schema import load_cards
 from runner.compose import compose
@@ -110,3 +112,18 @@ def test_compare_refuses_a_folder_without_a_run_and_writes_nothing(tmp_path, cap
     said = capsys.readouterr().err.strip().splitlines()
     assert len(said) == 1 and said[0].startswith("no latest.json in "), said
     assert not out.exists()
+
+
+def test_a_label_measured_after_a_run_changes_what_counts_as_right_not_the_verdicts():
+    document = compare.load(Path(compare.__file__).with_name("results"))  # the recorded run
+    verdicts = [[t["verdict"] for t in r["tests"]] for r in document["scenarios"]]
+    fault = next(r for r in document["scenarios"] if r["kind"] == "fault" and r.get("confirmed"))
+    relabel(document, {fault["name"]: ()}, "labels A")
+    wrong = document["summary"]["verdicts_right"]
+    relabel(document, {fault["name"]: (fault["confirmed"],)}, "labels B")
+    assert document["summary"]["verdicts_right"] == wrong + 1
+    assert [[t["verdict"] for t in r["tests"]] for r in document["scenarios"]] == verdicts
+    assert document["meta"]["relabelled"] == "labels B"
+    assert "Scored against the labels of labels B." in render_markdown(
+        document["scenarios"], document["summary"], document["meta"]
+    )

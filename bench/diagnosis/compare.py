@@ -6,6 +6,10 @@ per rule: verdict accuracy, fixable faults fixed, false confirmations on control
 with their exact (Clopper-Pearson) 95% interval, and the seeds and tokens a decided test took;
 then, per scenario, the verdicts each rule reached. Writes compare.md beside the sequential
 run's table when `--out` is given.
+
+`--relabel` first scores both recorded runs against the labels now in scenarios.yaml (measured
+by bench/diagnosis/truth.py after the runs) and rewrites their latest.md and latest.json: the
+verdicts are the ones recorded, only what counts as right changes.
 """
 
 from __future__ import annotations
@@ -16,12 +20,26 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from bench.diagnosis.table import right_verdict
+from bench.diagnosis.table import relabel, right_verdict, write
 from runner import markdown
 
 
 def load(folder: Path) -> dict[str, Any]:
     return json.loads((folder / "latest.json").read_text())
+
+
+def relabel_runs(folders: list[Path]) -> None:
+    """Each folder's recorded run scored against scenarios.yaml's labels, rewritten in place."""
+    from bench.diagnosis.run import load_scenarios
+    from runner.provenance import git_state
+
+    labels = {scenario.name: scenario.fix for scenario in load_scenarios()[1]}
+    sha, dirty = git_state()
+    stamp = f"commit {sha[:10]}{' (dirty)' if dirty else ''}"
+    for folder in folders:
+        document = load(folder)
+        relabel(document, labels, stamp)
+        write(folder, document["scenarios"], document["summary"], document["meta"])
 
 
 def false_confirmations(summary: dict[str, Any]) -> str:
@@ -116,6 +134,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("fixed", type=Path, help="folder of the fixed-k run's latest.json")
     parser.add_argument("sequential", type=Path, help="folder of the sequential run's latest.json")
     parser.add_argument("--out", type=Path, help="folder to write compare.md in")
+    parser.add_argument(
+        "--relabel", action="store_true", help="score both runs against scenarios.yaml's labels"
+    )
     args = parser.parse_args(argv)
     for folder in (args.fixed, args.sequential):
         if not (folder / "latest.json").is_file():
@@ -125,6 +146,8 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
             )
             return 2
+    if args.relabel:
+        relabel_runs([args.fixed, args.sequential])
     text = render(load(args.fixed), load(args.sequential))
     print(text)
     if args.out:

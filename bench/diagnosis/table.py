@@ -43,6 +43,18 @@ def right_verdict(result: dict[str, Any]) -> bool:
     return not confirmed
 
 
+def relabel(document: dict[str, Any], labels: dict[str, tuple[str, ...]], stamp: str) -> None:
+    """A recorded run scored against `labels` (scenario: fix list) measured after it ran: the
+    verdicts stay as recorded, what counts as right follows the labels; `stamp` says when."""
+    for result in document["scenarios"]:
+        fix = labels.get(result["name"], tuple(result["fix"]))
+        result["fix"] = list(fix)
+        for test in result["tests"]:
+            test["fixes"] = bool(test.get("card") and test["card"] in fix)
+    document["summary"] = summarize(document["scenarios"])
+    document["meta"]["relabelled"] = stamp
+
+
 def clearly_worse(test: dict[str, Any]) -> bool:
     if test["early"]:
         return True
@@ -123,7 +135,8 @@ def render_markdown(
         + (" (dirty)" if meta.get("dirty") else "")
         + f": {summary['scenarios']} scenarios, seeds {meta['seeds']} "
         f"(verdicts {meta.get('rule', 'sequential to the cap')}), "
-        f"{meta['jobs']} at a time on {meta['cpus']} CPUs, {meta['wall_seconds'] / 60:.1f} min.",
+        f"{meta['jobs']} at a time on {meta['cpus']} CPUs, {meta['wall_seconds'] / 60:.1f} min."
+        + (f" Scored against the labels of {meta['relabelled']}." if "relabelled" in meta else ""),
         "",
     ]
     head = ["scenario", "true cause", "rank", "findings (top 3)", "verdicts in order", "strikes"]
