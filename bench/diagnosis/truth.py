@@ -225,7 +225,9 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         help=f"truth seeds per side (default: {DEFAULT_SEEDS}, or as many as a scenario had)",
     )
-    parser.add_argument("--out", default=str(RESULTS), help="folder for truth.md and truth.json")
+    parser.add_argument(
+        "--out", default=str(RESULTS), help="folder for truth.{md,json} (or truth_families.*)"
+    )
     parser.add_argument(
         "--families", action="store_true", help="the fault families' fix lists (split.yaml)"
     )
