@@ -399,6 +399,11 @@ def render(summary: dict[str, Any], meta: dict[str, Any]) -> str:
         f"# Fault families on the kept split ({meta['date']}, commit {meta['commit'][:7]}, "
         f"{meta['wall_seconds'] / 60:.1f} min)",
         "",
+        *(
+            [f"Re-diagnosed from the runs recorded in {meta['workdir']} (no job rerun).", ""]
+            if meta.get("rediagnosed")
+            else []
+        ),
         "One seed per entry, triage only; card orders simulated (a card in the fix list "
         "confirms, every other is a strike; 3 strikes escalate; each test "
         f"{SEEDS_PER_TEST} seeds x {meta['budget_tokens']} tokens).",
@@ -523,6 +528,7 @@ def main(argv: list[str] | None = None) -> int:
         "budget_tokens": budget,
         "sets": args.sets,
         "workdir": str(workdir),
+        "rediagnosed": args.rediagnose,
     }
     text = render(summary, meta)
     print(text)
