@@ -79,7 +79,9 @@ bench-truth: setup
 bench-verdicts: setup
 	$(BIN)/python -m bench.verdicts
 
+# The LR each shape trains best at (families.HEALTHY_LR, ~6 min), then the kept split (~10 min).
 bench-split: setup
+	$(BIN)/python -m bench.diagnosis.healthy_lr
 	$(BIN)/python -m bench.diagnosis.split
 
 bench-faults: setup

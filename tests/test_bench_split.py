@@ -20,6 +20,8 @@ from bench.diagnosis.families import (
 )
 from bench.diagnosis.split import (
     DRAW_PER_FAMILY,
+    DRAW_SEEDS,
+    HELDOUT_DRAW,
     KEY,
     _strikes,
     card_orders,
@@ -52,10 +54,11 @@ def test_the_split_is_kept_and_covers_families_shapes_and_optimizers():
 
 
 def test_the_heldout_set_is_what_its_seed_draws():
-    """Not picked by hand: split.yaml's held-out entries are `--draw 20261202` on seeds 10-13,
-    drawn against the tuning set, each within its family's range and constraints."""
+    """Not picked by hand: split.yaml's held-out entries are `--draw HELDOUT_DRAW` on the draw
+    seeds, drawn against the tuning set, each within its family's range and constraints, on
+    seeds no tuning entry uses."""
     taken = {tuple(e.get(k) for k in KEY) for e in SPLIT["tuning"]}
-    drawn = draw(20261202, DRAW_PER_FAMILY, range(10, 14), taken)
+    drawn = draw(HELDOUT_DRAW, DRAW_PER_FAMILY, DRAW_SEEDS, taken)
     assert [tuple(e[k] for k in KEY) for e in drawn] == [
         tuple(e[k] for k in KEY) for e in SPLIT["heldout"]
     ]
@@ -63,7 +66,8 @@ def test_the_heldout_set_is_what_its_seed_draws():
         low, high, _ = MAGNITUDES[entry["family"]]
         assert low <= entry["m"] <= high
         assert entry["optim"] == "adamw" or entry["shape"] in SGD_SHAPES
-    assert draw(1, 1, range(10, 14), set()) != draw(2, 1, range(10, 14), set())
+    assert not {e["seed"] for e in SPLIT["tuning"]} & set(DRAW_SEEDS)
+    assert draw(1, 1, DRAW_SEEDS, set()) != draw(2, 1, DRAW_SEEDS, set())
 
 
 def test_rediagnose_without_a_recorded_run_is_refused(tmp_path, capsys):

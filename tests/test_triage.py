@@ -250,6 +250,26 @@ def test_lr_near_zero_flat_loss_normal_grads_tiny_updates():
     assert {o["id"]: o["status"] for o in diag.obvious}["lr_reasonable"] == "fail"
 
 
+@pytest.mark.parametrize(
+    ("update_ratio", "named", "card"),
+    [(2e-3, "loss_flat", "lr_up_10x"), (2.4e-2, "lr_high_with_flat_loss", "lr_down_10x")],
+)
+def test_a_flat_loss_is_read_by_the_size_of_the_steps(update_ratio, named, card):
+    """A loss that drops 5% and flattens: with steps of 0.2% of the weights the LR is too low;
+    with steps of 2.4% (LR 3x above the best on 6 layers) it is too high, and suggesting
+    lr_up_10x there would push the wrong way."""
+    ev = healthy()
+    rng = np.random.default_rng(4)
+    ev.series["train/loss"] = pts(5.2 + 0.27 * np.exp(-np.arange(N) / 10) + rng.normal(0, 0.01, N))
+    ev.series["eval/loss"] = pts(np.full(N // 20, 5.22), every=20)
+    ev.series["param/update_ratio"] = [
+        (s, update_ratio) for s, _ in ev.series["param/update_ratio"]
+    ]
+    diag, first = top(ev)
+    assert first.id == named and first.cards[0] == card
+    assert {"loss_flat", "lr_high_with_flat_loss"} & {f.id for f in diag.findings} == {named}
+
+
 def test_vanishing_gradients_in_early_blocks():
     ev = healthy()
     for b, scale in enumerate([1e-6, 1e-5, 0.05, 0.3]):
