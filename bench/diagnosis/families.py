@@ -104,7 +104,8 @@ def loader_delay(m: float, shape: str, optimizer: str, context: dict) -> Plant:
 
 def init_scale(m: float, shape: str, optimizer: str, context: dict) -> Plant:
     """init std m times GPT-2's 0.02 (m < 1: too small)."""
-    cause = ["init_too_small", "vanishing_gradients", "vanishing_early_layers"]
+    cause = ["init_too_small", "init_too_small_post_norm", "vanishing_gradients"]
+    cause += ["vanishing_early_layers"]
     return Plant([f"model.init_std={0.02 * m:.3g}"], cause, ["init_std_gpt2"])
 
 

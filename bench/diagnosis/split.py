@@ -65,11 +65,11 @@ harm is listed but not scored: there is nothing to diagnose. Loader delay (time)
 SHUFFLES = 2000
 KEY = ("family", "m", "shape", "optim", "seed")
 DRAW_PER_FAMILY = 3
-HELDOUT_DRAW = 20261203
+HELDOUT_DRAW = 20261204
 """The seed split.yaml's held-out set was drawn with (`--draw HELDOUT_DRAW`); a test checks it."""
-DRAW_SEEDS = range(14, 18)
-"""Seeds of a fresh draw: 0-13 are the tuning set's, spent draws included (the second and third
-draws, 2026-12-01, used 6-9 and 10-13)."""
+DRAW_SEEDS = range(18, 22)
+"""Seeds of a fresh draw: 0-17 are the tuning set's, spent draws included (the second to fourth
+draws, 2026-12-01, used 6-9, 10-13 and 14-17)."""
 CLASSIC_LISTING = [
     "lr_down_10x",
     "sched_cosine_warm_restarts",
