@@ -270,6 +270,31 @@ def test_a_flat_loss_is_read_by_the_size_of_the_steps(update_ratio, named, card)
     assert {"loss_flat", "lr_high_with_flat_loss"} & {f.id for f in diag.findings} == {named}
 
 
+def test_a_flat_loss_far_above_the_held_out_loss_is_label_noise_not_the_lr():
+    """76% label noise on tiny2 (the spent fifth draw): a loss that barely moves with healthy-size
+    steps, and a held-out loss 0.21 nats below the train loss at the same tokens."""
+    ev = healthy()
+    rng = np.random.default_rng(5)
+    ev.series["train/loss"] = pts(5.32 + 0.02 * np.exp(-np.arange(N) / 10) + rng.normal(0, 0.01, N))
+    ev.series["eval/loss"] = pts(np.full(N // 20, 5.11), every=20)
+    ev.series["param/update_ratio"] = [(s, 2.2e-2) for s, _ in ev.series["param/update_ratio"]]
+    diag, first = top(ev)
+    assert first.id == "noisy_labels_flat" and first.cards == []
+    assert "lr_high_with_flat_loss" not in {f.id for f in diag.findings}
+
+
+@pytest.mark.parametrize(("placement", "fires"), [("post", True), ("pre", False)])
+def test_a_tiny_init_under_post_norm_shows_in_the_first_write(placement, fires):
+    """Post-norm adds a normalised block output (RMS ~1) to the embedding, so the first write
+    ratio is ~1/RMS(embedding): 34 at GPT-2's 0.02, 3,546 at 100x smaller."""
+    ev = healthy()
+    ev.config["model"]["placement"] = placement
+    key = "act/write_ratio/blocks.0"
+    ev.series[key] = [(s, 3546.0 if i == 0 else v) for i, (s, v) in enumerate(ev.series[key])]
+    ids = [f.id for f in triage(ev).findings]
+    assert ("init_too_small_post_norm" in ids) == fires
+
+
 def test_vanishing_gradients_in_early_blocks():
     ev = healthy()
     for b, scale in enumerate([1e-6, 1e-5, 0.05, 0.3]):
@@ -939,7 +964,7 @@ def test_shipped_tables_load():
     assert {r.id for r in rows if not r.cards} == NO_CARD_ROWS
 
 
-NO_CARD_ROWS = {"noisy_labels"}
+NO_CARD_ROWS = {"noisy_labels", "noisy_labels_flat"}
 
 
 def test_diag_triage_is_pure():

@@ -77,7 +77,8 @@ def lr_low(m: float, shape: str, optimizer: str, context: dict) -> Plant:
 
 
 def label_noise(m: float, shape: str, optimizer: str, context: dict) -> Plant:
-    return Plant([f"data.source.label_noise={m}"], ["noisy_labels", "underfitting"], [])
+    cause = ["noisy_labels", "noisy_labels_flat", "underfitting"]
+    return Plant([f"data.source.label_noise={m}"], cause, [])
 
 
 def duplicates(m: float, shape: str, optimizer: str, context: dict) -> Plant:
