@@ -112,20 +112,20 @@ def test_a_measured_label_end_to_end_and_a_partial_rerun_keeps_the_other_rows(tm
     out = tmp_path / "truth"
     out.mkdir()
     (out / "truth.json").write_text(json.dumps([MEASURED["bf16_numerics"]]))
-    assert truth.main(["--only", "lr_too_low", "--seeds", "2", "--out", str(out)]) == 0
+    assert truth.main(["--only", "lr_too_low", "--seeds", "4", "--out", str(out)]) == 0
     results = {r["scenario"]: r for r in json.loads((out / "truth.json").read_text())}
     assert set(results) == {"bf16_numerics", "lr_too_low"}
     (row,) = results["lr_too_low"]["cards"]
-    assert row["card"] == "lr_up_10x" and row["seeds"] == 2 and len(row["planted"]) == 2
+    assert row["card"] == "lr_up_10x" and row["seeds"] == 4 and len(row["planted"]) == 4
     assert row["removes"] and row["improvement"] > 0.01, row
     assert results["bf16_numerics"] == MEASURED["bf16_numerics"]
     assert "| lr_too_low | lr_up_10x | yes |" in (out / "truth.md").read_text()
 
 
-def test_fewer_than_two_seeds_are_refused_and_nothing_is_written(tmp_path, capsys):
+def test_too_few_seeds_to_reach_significance_are_refused_and_nothing_is_written(tmp_path, capsys):
     out = tmp_path / "truth"
-    assert truth.main(["--only", "lr_too_low", "--seeds", "1", "--out", str(out)]) == 2
-    assert "at least 2 seeds" in capsys.readouterr().err
+    assert truth.main(["--only", "lr_too_low", "--seeds", "3", "--out", str(out)]) == 2
+    assert "at least 4 seeds" in capsys.readouterr().err
     assert not out.exists()
 
 

@@ -49,6 +49,8 @@ from hypotheses.schema import load_cards
 RESULTS = Path(__file__).with_name("results")
 FIRST_TRUTH_SEED = 100
 DEFAULT_SEEDS = 6
+MIN_SEEDS = 4
+"""One-sided Mann-Whitney on n a side bottoms out at p = 1 / C(2n, n): 0.05 at 3, 0.014 at 4."""
 ALPHA = 0.05
 LOADER_COMPUTE_S = 0.05
 """Compute seconds per step the loader-delay family sizes its sleep against here (the split
@@ -262,8 +264,9 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         print(f"no card {', '.join(unknown)}: see hypotheses/*.yaml", file=sys.stderr)
         return 2
-    if args.seeds is not None and args.seeds < 2:
-        print(f"--seeds {args.seeds}: a rank test needs at least 2 seeds a side", file=sys.stderr)
+    if args.seeds is not None and args.seeds < MIN_SEEDS:
+        needs = f"at least {MIN_SEEDS} seeds a side: below that the rank test cannot reach p < 0.05"
+        print(f"--seeds {args.seeds}: {needs}", file=sys.stderr)
         return 2
     out = Path(args.out)
     store = out / f"{stem}.json"
@@ -274,7 +277,8 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         results = rescore(recorded)
         page = out / f"{stem}.md"
-        runs = [line for line in page.read_text().splitlines() if line.startswith("Last run")]
+        lines = page.read_text().splitlines() if page.exists() else []
+        runs = [line for line in lines if line.startswith("Last run")]
         stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
         text = render(results, labels) + "\n" + "\n".join(runs)
         text += f"\nRescored {stamp} from the recorded rows (no jobs run).\n"
