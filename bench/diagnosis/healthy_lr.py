@@ -16,6 +16,7 @@ never read from a held-out draw.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import os
@@ -33,22 +34,24 @@ GRID = {
     "adamw": (1e-3, 2e-3, 3e-3, 6e-3, 1e-2, 2e-2, 4e-2),
     "sgd": (0.03, 0.1, 0.3, 1.0, 3.0, 10.0),
 }
-"""Roughly 2x steps, wide enough that each shape's best LR has a worse one on both sides."""
+"""Steps of 2-3x, wide enough that each shape's best LR has a worse one on both sides."""
 SEEDS = (0, 1)
 
 
 def grid_items() -> list[dict[str, Any]]:
-    """One healthy-style split entry per (shape, optimizer, LR, seed), its LR as an override."""
-    items = []
-    for optim, lrs in GRID.items():
-        for shape in SHAPES:
-            for lr in lrs:
-                for seed in SEEDS:
-                    name = f"{shape}/{optim}/lr{lr:g}/s{seed}"
-                    override = [f"optim.lr={lr:g}"]
-                    items.append(dict(name=name, shape=shape, optim=optim, seed=seed, lr=lr))
-                    items[-1]["overrides"] = override
-    return items
+    """One healthy-style split entry per (optimizer, shape, LR, seed), its LR as an override."""
+    return [
+        {
+            "name": f"{shape}/{optim}/lr{lr:g}/s{seed}",
+            "shape": shape,
+            "optim": optim,
+            "seed": seed,
+            "lr": lr,
+            "overrides": [f"optim.lr={lr:g}"],
+        }
+        for optim, lrs in GRID.items()
+        for shape, lr, seed in itertools.product(SHAPES, lrs, SEEDS)
+    ]
 
 
 def best_lr(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
