@@ -94,8 +94,24 @@ def test_no_healthy_entry_is_a_planted_fault():
         return json.dumps(config, sort_keys=True)
 
     faults = {config_of(e): name_of(e) for e in SPLIT["tuning"] + SPLIT["heldout"]}
-    for entry in SPLIT["healthy"]:
+    for entry in SPLIT["healthy"] + SPLIT["healthy_heldout"]:
         assert config_of(entry) not in faults, (entry["name"], faults.get(config_of(entry)))
+
+
+def test_the_held_out_healthy_runs_are_new_configurations_on_new_seeds():
+    """Healthy runs that set nothing: no name, configuration or seed of the healthy set (which
+    thresholds are read against) or of the tuning set."""
+    used = {e["seed"] for e in SPLIT["healthy"] + SPLIT["tuning"] + SPLIT["heldout"]}
+    for entry in SPLIT["healthy_heldout"]:
+        assert entry["seed"] not in used and entry["seed"] not in DRAW_SEEDS, entry["name"]
+
+    def config(entry):
+        return entry["shape"], entry["optim"], tuple(entry.get("overrides", []))
+
+    healthy = {config(e) for e in SPLIT["healthy"]}
+    assert not {config(e) for e in SPLIT["healthy_heldout"]} & healthy
+    names = [e["name"] for e in SPLIT["healthy"] + SPLIT["healthy_heldout"]]
+    assert len(names) == len(set(names)) and len(SPLIT["healthy_heldout"]) >= 8
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))

@@ -136,6 +136,16 @@ def test_rescore_without_a_recorded_table_is_refused_and_nothing_is_written(tmp_
     assert not out.exists()
 
 
+@pytest.mark.parametrize(
+    "extra", [["--only", "lr_too_low"], ["--cards", "dedup"], ["--seeds", "6"]]
+)
+def test_rescore_with_a_run_option_is_refused_and_nothing_is_written(tmp_path, capsys, extra):
+    out = tmp_path / "truth"
+    assert truth.main(["--rescore", *extra, "--out", str(out)]) == 2
+    assert capsys.readouterr().err.startswith("--rescore re-reads every recorded row")
+    assert not out.exists()
+
+
 def test_rescore_reads_the_recorded_rows_under_the_current_rule(tmp_path):
     out = tmp_path / "truth"
     out.mkdir()

@@ -1,6 +1,6 @@
 """`python -m bench.diagnosis.split`: the fault families on the kept split, triage-only.
 
-    python -m bench.diagnosis.split [--set heldout healthy tuning] [--only NAME ...]
+    python -m bench.diagnosis.split [--set heldout healthy_heldout healthy tuning] [--only NAME ...]
                                     [--workdir DIR] [--out DIR]
     python -m bench.diagnosis.split --rediagnose --workdir DIR   # tables changed, same runs
     python -m bench.diagnosis.split --draw SEED                  # print a fresh held-out set
@@ -53,7 +53,8 @@ from bench.diagnosis.families import (
 ROOT = Path(__file__).resolve().parents[2]
 
 SPLIT = Path(__file__).with_name("split.yaml")
-SETS = ("heldout", "healthy", "tuning")
+SETS = ("heldout", "healthy_heldout", "healthy", "tuning")
+HEALTHY_SETS = ("healthy_heldout", "healthy")
 EXPERIMENT = "bench-split"
 STRIKES = 3
 SEEDS_PER_TEST = 3  # `hyprun baseline --seeds 3`: what each tried card costs in tokens
@@ -244,7 +245,7 @@ def run_sets(
             if only and name_of(item) not in only:
                 continue
             context: dict[str, Any] = {}
-            reference = reference_of(item, healthy) if set_name != "healthy" else None
+            reference = reference_of(item, healthy) if set_name not in HEALTHY_SETS else None
             if reference is not None:
                 ref = ensure(reference, {})
                 context = {"compute_s": ref.get("compute_s") or 0.02}
@@ -355,9 +356,11 @@ def summarize(results: dict[str, dict], sets: list[str]) -> dict[str, Any]:
             "top3_all": _share(rows, lambda row: row["rank"] is not None and row["rank"] <= 3),
             "orders": _orders_summary([row for row in scored if "orders" in row]),
         }
-    if "healthy" in sets:
+    for set_name in HEALTHY_SETS:
+        if set_name not in sets:
+            continue
         rows = []
-        for item in split["healthy"]:
+        for item in split[set_name]:
             r = results.get(name_of(item))
             if r is not None:
                 findings = r.get("findings", [])
@@ -370,7 +373,7 @@ def summarize(results: dict[str, dict], sets: list[str]) -> dict[str, Any]:
                         "error": r.get("error"),
                     }
                 )
-        summary["healthy"] = {
+        summary[set_name] = {
             "rows": rows,
             "clean": _share(rows, lambda row: not row["failing"] and not row["error"]),
         }
@@ -397,7 +400,8 @@ def _orders_summary(rows: list[dict]) -> dict[str, Any]:
 
 
 def render(summary: dict[str, Any], meta: dict[str, Any]) -> str:
-    """The Markdown report: held-out first, then tuning (in-sample), then healthy runs."""
+    """The Markdown report: held-out first, then tuning (in-sample), then healthy runs (those
+    that set nothing first)."""
     tokens = meta["budget_tokens"] * SEEDS_PER_TEST
     lines = [
         f"# Fault families on the kept split ({meta['date']}, commit {meta['commit'][:7]}, "
@@ -453,10 +457,16 @@ def render(summary: dict[str, Any], meta: dict[str, Any]) -> str:
                 f"{_num(row['eval_loss'])} vs {_num(row['healthy_eval_loss'])} | {strikes} |"
             )
         lines.append("")
-    if "healthy" in summary:
-        s = summary["healthy"]
+    titles = {
+        "healthy_heldout": "Healthy runs that set nothing (held out)",
+        "healthy": "Healthy runs (thresholds are read against them: in-sample)",
+    }
+    for set_name, title in titles.items():
+        if set_name not in summary:
+            continue
+        s = summary[set_name]
         lines += [
-            "## Healthy runs",
+            f"## {title}",
             "",
             f"- no finding at all: {_pct(s['clean'])}",
             "",
@@ -469,6 +479,7 @@ def render(summary: dict[str, Any], meta: dict[str, Any]) -> str:
                 f"{' ERROR ' + row['error'][:80] if row['error'] else ''} | "
                 f"{_num(row['eval_loss'])} |"
             )
+        lines.append("")
     return "\n".join(lines) + "\n"
 
 

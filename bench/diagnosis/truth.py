@@ -247,6 +247,12 @@ def main(argv: list[str] | None = None) -> int:
         help="no jobs: the recorded rows again under the current rule and labels",
     )
     args = parser.parse_args(argv)
+    if args.rescore and (args.only or args.cards or args.seeds is not None):
+        print(
+            "--rescore re-reads every recorded row: drop --only, --cards and --seeds",
+            file=sys.stderr,
+        )
+        return 2
     common, scenarios = family_scenarios() if args.families else load_scenarios()
     stem = "truth_families" if args.families else "truth"
     labels = {s.name: s.fix for s in scenarios}
