@@ -54,9 +54,9 @@ def grid_items() -> list[dict[str, Any]]:
     ]
 
 
-def best_lr(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
-    """{shape: {optimizer: the LR with the lowest mean eval loss}}; a diverged run counts as an
-    infinite loss, so an LR that diverges on any seed never wins."""
+def mean_losses(rows: list[dict[str, Any]]) -> dict[tuple[str, str, float], float]:
+    """{(shape, optimizer, LR): mean eval loss over its seeds}; a run that did not complete, or
+    ended non-finite, counts as an infinite loss."""
     losses: dict[tuple[str, str, float], list[float]] = {}
     for row in rows:
         loss = row.get("eval_loss")
@@ -64,17 +64,23 @@ def best_lr(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
         losses.setdefault((row["shape"], row["optim"], row["lr"]), []).append(
             loss if finite else math.inf
         )
+    return {key: statistics.fmean(values) for key, values in losses.items()}
+
+
+def best_lr(rows: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """{shape: {optimizer: the LR with the lowest mean eval loss}}; an LR that diverges on any
+    seed never wins."""
     best: dict[str, dict[str, float]] = {}
-    for (shape, optim, lr), values in sorted(losses.items()):
-        mean = statistics.fmean(values)
+    means = mean_losses(rows)
+    for (shape, optim, lr), mean in sorted(means.items()):
         current = best.setdefault(shape, {}).get(optim)
-        if current is None or mean < statistics.fmean(losses[(shape, optim, current)]):
+        if current is None or mean < means[(shape, optim, current)]:
             best[shape][optim] = lr
     return best
 
 
 def render(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
-    best = best_lr(rows)
+    best, means = best_lr(rows), mean_losses(rows)
     lines = [f"# Healthy LR per shape ({meta['date']}, commit {meta['commit'][:7]})", ""]
     lines += [
         f"Mean eval loss over seeds {', '.join(map(str, SEEDS))} at {meta['budget_tokens']} "
@@ -88,12 +94,8 @@ def render(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         for shape in SHAPES:
             cells = []
             for lr in lrs:
-                values = [
-                    r["eval_loss"] if r.get("eval_loss") is not None else math.inf
-                    for r in rows
-                    if (r["shape"], r["optim"], r["lr"]) == (shape, optim, lr)
-                ]
-                cell = f"{statistics.fmean(values):.3f}" if values else "-"
+                mean = means.get((shape, optim, lr))
+                cell = "-" if mean is None else f"{mean:.3f}"
                 cells.append(f"**{cell}**" if best.get(shape, {}).get(optim) == lr else cell)
             lines += [f"| {shape} | " + " | ".join(cells) + " |"]
         lines += [""]

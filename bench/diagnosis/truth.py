@@ -286,11 +286,8 @@ def main(argv: list[str] | None = None) -> int:
         lines = page.read_text().splitlines() if page.exists() else []
         runs = [line for line in lines if line.startswith("Last run")]
         stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-        text = render(results, labels) + "\n" + "\n".join(runs)
-        text += f"\nRescored {stamp} from the recorded rows (no jobs run).\n"
-        (out / f"{stem}.md").write_text(text)
-        store.write_text(json.dumps(results, indent=1))
-        print(text)
+        footer = "\n".join([*runs, f"Rescored {stamp} from the recorded rows (no jobs run)."])
+        publish(out, stem, results, render(results, labels) + "\n" + footer + "\n")
         return 0
     # By default a scenario's fix list and every card measured for it before: a label that
     # was changed to "no card fixes it" keeps the measurements that said so.
@@ -315,11 +312,16 @@ def main(argv: list[str] | None = None) -> int:
     stamp = f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, commit {sha[:10]}"
     text = render(results, labels) + f"\nLast run {stamp}{' (dirty)' if dirty else ''}, "
     text += f"{minutes:.1f} min; its jobs' MLflow files in {workdir}\n"
+    publish(out, stem, results, text)
+    return 0
+
+
+def publish(out: Path, stem: str, results: list[dict], text: str) -> None:
+    """The table as out/STEM.md and the rows as out/STEM.json, and the table on stdout."""
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{stem}.md").write_text(text)
-    store.write_text(json.dumps(results, indent=1))
+    (out / f"{stem}.json").write_text(json.dumps(results, indent=1))
     print(text)
-    return 0
 
 
 if __name__ == "__main__":
