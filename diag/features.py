@@ -238,6 +238,39 @@ def _parameters(ev: Evidence, out: Features) -> None:
         )
 
 
+STEP_SCAN_PEAK_SHARE = 0.5
+"""The step scan is read on probes whose LR is at least this share of the run's peak: a decayed
+or warming-up LR is short of the surface by design."""
+
+
+def _step_scan(ev: Evidence, out: Features) -> None:
+    """At which multiple of the step taken the held-out loss fell furthest, median over the
+    probes after the first (Adam's first step is sign-like) at a near-peak LR."""
+    prefix = "step/loss_x"  # one series per multiple scanned (diag.probes.STEP_MULTIPLES)
+    scans = {
+        float(key[len(prefix) :]): dict(_finite(points))
+        for key, points in ev.series.items()
+        if key.startswith(prefix)
+    }
+    lrs = _finite(ev.points("train/lr"))
+    steps = sorted(scans.get(1.0, {}))[1:]
+    if not steps or not lrs:
+        return
+    peak = max(v for _, v in lrs)
+    lr_at = {s: min(lrs, key=lambda point: abs(point[0] - s))[1] for s in steps}
+    near_peak = [s for s in steps if lr_at[s] >= STEP_SCAN_PEAK_SHARE * peak]
+    best = [min(scans, key=lambda m: scans[m].get(s, math.inf)) for s in near_peak]
+    if not best:
+        return
+    value = float(np.median(best))
+    out["step_best_multiple"] = Feature(
+        value,
+        f"held-out loss lowest at {value:g}x the step taken (median over {len(best)} probes at "
+        f">= {STEP_SCAN_PEAK_SHARE:g} of the peak LR; scanned "
+        f"{'/'.join(f'{m:g}' for m in sorted(scans))}x)",
+    )
+
+
 def _per_layer(
     ev: Evidence,
     out: Features,
@@ -492,6 +525,7 @@ NEEDS = {
     "param/update_ratio": "update_ratio_median",
     "param/dist_from_init": "dist_from_init_last",
     "param/embedding_rms": "embedding_rms_last embedding_rms_growth",
+    "step/loss_x<multiple> (probes.step_scan) and train/lr": "step_best_multiple",
     "attn/entropy/blocks.<i> (the built-in GPT's attention capture)": "attn_entropy_min",
     "moe/imbalance/blocks.<i> (an MoE model)": "moe_imbalance_max",
     "moe/aux_loss (an MoE model)": "moe_aux_loss",
@@ -532,6 +566,7 @@ def features(evidence: Evidence) -> Features:
         _divergence,
         _gradients,
         _parameters,
+        _step_scan,
         _architecture,
         _eval,
         _efficiency,

@@ -16,6 +16,10 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+STEP_MULTIPLES = (0.0, 1.0, 2.0, 4.0, 8.0)
+"""Multiples of a probed step at which the step scan reads the held-out loss (0: the weights
+before the step, 1: the step taken); metrics `step/loss_x<multiple>`."""
+
 
 def group_of(name: str, depth_of_blocks: int = 2) -> str:
     """The module a parameter belongs to, at the granularity triage reads:

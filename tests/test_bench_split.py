@@ -11,6 +11,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from bench.diagnosis.families import (
+    DEPTH_FAMILIES,
     FAMILIES,
     FIXED_SHAPE,
     MAGNITUDES,
@@ -31,6 +32,7 @@ from bench.diagnosis.split import (
     load_split,
     main,
     rank_of,
+    reference_of,
     run_sets,
 )
 from hypotheses.schema import load_cards
@@ -112,6 +114,23 @@ def test_the_held_out_healthy_runs_are_new_configurations_on_new_seeds():
     assert not {config(e) for e in SPLIT["healthy_heldout"]} & healthy
     names = [e["name"] for e in SPLIT["healthy"] + SPLIT["healthy_heldout"]]
     assert len(names) == len(set(names)) and len(SPLIT["healthy_heldout"]) >= 8
+
+
+def test_a_family_that_sets_its_depth_is_judged_against_a_healthy_run_of_that_depth():
+    """Post-norm depth plants m layers on the 2-layer shape; its harm is read against the
+    pre-norm m-layer run, since a deeper model learns slower within the budget anyway."""
+
+    def model_of(entry):
+        overrides, _ = instance_overrides(entry, {"compute_s": 0.05})
+        return compose([*SPLIT["common"], *overrides]).model
+
+    entries = [e for e in SPLIT["tuning"] + SPLIT["heldout"] if e["family"] in DEPTH_FAMILIES]
+    for layers in sorted({int(e["m"]) for e in entries}):
+        for optimizer in ("adamw", "sgd"):
+            item = {"family": "post_norm_depth", "m": layers, "optim": optimizer}
+            reference = model_of(reference_of(item, SPLIT["healthy"]))
+            assert (reference.n_layer, reference.placement) == (layers, "pre"), item
+            assert model_of({**item, "seed": 0}).n_layer == layers
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))

@@ -32,6 +32,19 @@ def pts(values, every: int = 1) -> list[tuple[int, float]]:
     return [((i + 1) * every * TOK, float(v)) for i, v in enumerate(values)]
 
 
+def with_step_scan(ev: Evidence, optimum) -> Evidence:
+    """Each probe's step scan: the held-out loss along the step, a parabola lowest at
+    `optimum(lr / peak lr)` times the step taken, read at the multiples the job scans."""
+    lr = dict(ev.series["train/lr"])
+    peak = max(lr.values())
+    for multiple in (0, 1, 2, 4, 8):
+        ev.series[f"step/loss_x{multiple}"] = [
+            (s, 5.0 + 0.01 * (multiple - optimum(lr[s] / peak)) ** 2)
+            for s, _ in ev.series["grad/norm"]
+        ]
+    return ev
+
+
 def healthy(seed: int = 0) -> Evidence:
     """A run that trains well: loss descending by a power law, probes all in range."""
     rng = np.random.default_rng(seed)
@@ -71,7 +84,7 @@ def healthy(seed: int = 0) -> Evidence:
         series[f"moe/imbalance/blocks.{b}"] = pts(1.2 * noise(0.02), PROBE)
     for m in ("tok_emb", "pos_emb", "norm_f", "lm_head"):
         series[f"grad/norm/{m}"] = pts(grad * 0.2, PROBE)
-    return Evidence(
+    evidence = Evidence(
         config={
             "optim": {"lr": 1e-3},
             "model": {"n_layer": BLOCKS, "vocab_size": 256, "n_experts": 4, "placement": "pre"},
@@ -99,6 +112,7 @@ def healthy(seed: int = 0) -> Evidence:
             },
         ],
     )
+    return with_step_scan(evidence, lambda share: 1.6)  # bottoms out near the step taken
 
 
 def drop_probes(ev: Evidence) -> None:
@@ -398,6 +412,24 @@ def test_lr_warning_with_swamping_writes_is_lr_too_high_not_the_placement():
     assert [f.id for f in diag.findings][1] == "residual_write_overwhelms"
 
 
+def test_a_loss_still_falling_at_8x_the_step_is_an_lr_too_low():
+    """LR 3x below the best (tuning entry lr_low@3/tiny2): the loss falls like a healthy run's,
+    only slower; the scan sees it still falling at 8x each step."""
+    diag, first = top(with_step_scan(healthy(), lambda share: 12.0))
+    assert first.id == "steps_too_short" and first.cards == ["lr_up_10x"]
+    assert first.numbers["step_best_multiple"] == 8.0
+
+
+def test_the_step_scan_reads_near_peak_probes_after_the_first():
+    """Longer steps pay during the warmup and once the LR has decayed, by design, and on Adam's
+    first (sign-like) step: none of that is an LR too low."""
+    ev = with_step_scan(healthy(), lambda share: 1.6 if share >= 0.5 else 12.0)
+    first_probe = ev.series["step/loss_x8"][0][0]
+    ev.series["step/loss_x8"][0] = (first_probe, 0.0)  # still falling at 8x the first step
+    assert triage(ev).findings == []
+    assert features(ev)["step_best_multiple"].value == 2.0  # 1.6 lies nearer 2 than 1
+
+
 def test_attention_collapse():
     ev = healthy()
     p = np.arange(N // PROBE)
@@ -672,7 +704,7 @@ def test_post_norm_whose_loss_climbs_back_is_the_norm_placement():
     assert first.id == "post_norm_unstable" and first.group == "architecture"
     assert first.numbers["post_norm"] == 1.0
     assert first.numbers["loss_rebound"] == pytest.approx(0.4 / 4.4, abs=0.02)
-    assert first.cards == ["pre_norm", "warmup"]
+    assert first.cards == ["lr_down_10x", "rope", "pre_norm"]  # by measured effect on the family
     assert "lr_high_with_drift" not in [f.id for f in diag.findings]  # the generic row yields
 
 

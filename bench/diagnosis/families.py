@@ -46,7 +46,7 @@ LR_HIGH = ["lr_too_high_config", "lr_too_high_diverged", "lr_too_high_oscillatio
 LR_HIGH += ["lr_high_with_drift", "lr_high_with_writes", "lr_too_high_surges"]
 LR_HIGH += ["lr_high_with_flat_loss"]
 SPIKES = ["exploded_then_nan", "exploding_gradients", "grad_spikes", "loss_spikes"]
-SPIKES += ["unclipped_spikes"]
+SPIKES += ["unclipped_spikes", "diverged_unclipped"]
 
 
 @dataclass(frozen=True)
@@ -72,7 +72,9 @@ def lr_high(m: float, shape: str, optimizer: str, context: dict) -> Plant:
 
 def lr_low(m: float, shape: str, optimizer: str, context: dict) -> Plant:
     return Plant(
-        [f"optim.lr={_lr(shape, optimizer) / m:.4g}"], ["lr_too_low", "loss_flat"], ["lr_up_10x"]
+        [f"optim.lr={_lr(shape, optimizer) / m:.4g}"],
+        ["lr_too_low", "loss_flat", "steps_too_short"],
+        ["lr_up_10x"],
     )
 
 
@@ -185,6 +187,11 @@ FIXED_SHAPE = {"moe_collapse": "moe", "post_norm_depth": "tiny2"}
 FIXED_OPTIMIZER = {"no_clip": "sgd"}
 SGD_SHAPES = ("tiny2", "deep6")
 """Shapes with a healthy SGD reference in the split (the harm check needs one)."""
+DEPTH_FAMILIES = {"post_norm_depth"}
+"""Families that set their own layer count. Their harm is judged against the healthy pre-norm
+run of the same depth (the 6-layer shape, at its LR, with that many layers), not the 2-layer
+shape they are planted on: a deeper model learns slower within the budget whatever its norm
+placement (6 layers under SGD end 4.9% above 2 layers), and that is not the fault."""
 THROUGHPUT = {"loader_delay"}
 """Families whose harm is time, not loss: judged without the eval-loss harm check."""
 STATIC = {"duplicates", "near_duplicates"}
@@ -192,6 +199,15 @@ STATIC = {"duplicates", "near_duplicates"}
 STRUCTURAL = {"moe_collapse"}
 """Families whose harm is capacity left idle (3 of 4 experts get no tokens), which a 32-step
 run's loss does not show yet."""
+
+
+def reference_key(item: dict[str, Any]) -> tuple[str, str, list[str]]:
+    """(shape, optimizer, overrides) of the healthy run an entry's harm is judged against."""
+    optimizer = item.get("optim", "adamw")
+    if item.get("family") in DEPTH_FAMILIES:
+        layers = int(item["m"])
+        return "deep6", optimizer, [] if layers == 6 else [f"model.n_layer={layers}"]
+    return item.get("shape", "tiny2"), optimizer, []
 
 
 def instance_overrides(item: dict[str, Any], context: dict) -> tuple[list[str], Plant | None]:

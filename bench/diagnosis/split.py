@@ -48,6 +48,7 @@ from bench.diagnosis.families import (
     THROUGHPUT,
     instance_overrides,
     name_of,
+    reference_key,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -66,13 +67,13 @@ harm is listed but not scored: there is nothing to diagnose. Loader delay (time)
 SHUFFLES = 2000
 KEY = ("family", "m", "shape", "optim", "seed")
 DRAW_PER_FAMILY = 3
-HELDOUT_DRAW = 20261206
+HELDOUT_DRAW = 20261207
 """The seed split.yaml's held-out set was drawn with (`--draw HELDOUT_DRAW`); a test checks it.
 Seeds are taken in date order; one whose draw misses a shape or an optimizer is skipped before
 anything runs (20261205 drew no gpt_small entry), since the held-out set must cover them all."""
-DRAW_SEEDS = range(22, 26)
-"""Seeds of a fresh draw: 0-21 are the tuning set's, spent draws included (the second to fifth
-draws, 2026-12-01, used 6-9, 10-13, 14-17 and 18-21)."""
+DRAW_SEEDS = range(26, 30)
+"""Seeds of a fresh draw: 0-25 are the tuning set's, spent draws included (the second to sixth
+draws, 2026-12-01, used 6-9, 10-13, 14-17, 18-21 and 22-25)."""
 CLASSIC_LISTING = [
     "lr_down_10x",
     "sched_cosine_warm_restarts",
@@ -102,12 +103,13 @@ def load_split(path: Path = SPLIT) -> dict[str, Any]:
 
 
 def reference_of(item: dict[str, Any], healthy: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The healthy entry of the same shape and optimizer with no overrides of its own."""
+    """The healthy entry an entry's harm is judged against (families.reference_key): the same
+    shape and optimizer with no overrides of its own, or the same depth for a family that sets
+    its own."""
+    wanted = reference_key(item)
     for entry in healthy:
-        if entry.get("overrides"):
-            continue
-        same_shape = entry.get("shape", "tiny2") == item.get("shape", "tiny2")
-        if same_shape and entry.get("optim", "adamw") == item.get("optim", "adamw"):
+        key = (entry.get("shape", "tiny2"), entry.get("optim", "adamw"), entry.get("overrides", []))
+        if key == wanted:
             return entry
     return None
 

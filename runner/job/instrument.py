@@ -92,8 +92,9 @@ class Instruments:
             self._before = {n: full_param(p).detach().float().clone() for n, p in self.named}
         return metrics
 
-    def parameters(self) -> dict[str, float]:
-        """After the step: parameter norm, update/parameter ratio, distance from init."""
+    def parameters(self, scan: tuple[torch.Tensor, torch.Tensor] | None = None) -> dict[str, float]:
+        """After the step: parameter norm, update/parameter ratio, distance from init, and the
+        step scan on the held-out batch `scan` when one is given."""
         if not self.cfg.parameters or not self._before:
             return {}
         names = [n for n, _ in self.named]
@@ -114,8 +115,37 @@ class Instruments:
         )
         if embedding is not None:
             metrics["param/embedding_rms"] = float(embedding.pow(2).mean().sqrt())
+        if scan is not None and self.cfg.step_scan:
+            metrics.update(self.step_scan(delta, scan))
         self._before = {}
         return metrics
+
+    @torch.no_grad()
+    def step_scan(
+        self, delta: list[torch.Tensor], batch: tuple[torch.Tensor, torch.Tensor]
+    ) -> dict[str, float]:
+        """The held-out loss with the step just taken scaled by each of probes.STEP_MULTIPLES
+        (0: the weights before it, 1: the step taken). Where the loss bottoms out along the
+        step's own direction says whether longer steps would have paid: a best multiple far
+        above 1 is a step far shorter than the loss surface allows. The weights are put back
+        exactly and the forward runs in eval mode (no dropout draws): training is unchanged."""
+        params = [p for _, p in self.named]
+        if any(hasattr(p, "ds_tensor") for p in params):
+            return {}  # ZeRO-3 holds a shard per rank: no full weights to move
+        taken = [p.data.clone() for p in params]
+        training = self.model.training
+        self.model.eval()
+        losses: dict[str, float] = {}
+        try:
+            for multiple in probes.STEP_MULTIPLES:
+                for param, now, step in zip(params, taken, delta, strict=True):
+                    param.data.copy_(now.float() + (multiple - 1.0) * step.to(now.device))
+                losses[f"step/loss_x{multiple:g}"] = float(self.model(*batch))
+        finally:
+            for param, now in zip(params, taken, strict=True):
+                param.data.copy_(now)
+            self.model.train(training)
+        return losses
 
     def loss(self, value: float) -> dict[str, float]:
         """Per logged loss: spike flags (6 sigma over the last 128, or 10x the moving average)."""

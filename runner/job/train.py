@@ -202,6 +202,9 @@ class TrainLoop:
         self.nan_check = cfg.probes.nan_check
         self.accum = engine.gradient_accumulation_steps()
         self.nan_module: str | None = None
+        # The step scan's fixed batch: the first held-out micro-batch, never trained on.
+        first = heldout[0] if heldout else None
+        self.scan_batch = tuple(t.to(dist.device) for t in first) if first else None
 
     def train(self, batches, start_step: int, ckpt: Checkpointer, signals: StopSignals):
         """Steps from `start_step` to the budget; returns (status, steps done, last train loss)."""
@@ -239,7 +242,7 @@ class TrainLoop:
             done, window_steps = step + 1, window_steps + 1
             self.tick()
             if probing:
-                self._log(done, {**probed, **tools.parameters()})
+                self._log(done, {**probed, **tools.parameters(self.scan_batch)})
             if done % self.log_every == 0 or done == plan.total_steps:
                 last_loss = self._mean_over_ranks(loss_sum) / (self.accum * window_steps)
                 now = Clocks.now()
