@@ -241,6 +241,10 @@ def _parameters(ev: Evidence, out: Features) -> None:
 STEP_SCAN_PEAK_SHARE = 0.5
 """The step scan is read on probes whose LR is at least this share of the run's peak: a decayed
 or warming-up LR is short of the surface by design."""
+STEP_SCAN_MIN_PROBES = 3
+"""Fewer near-peak probes than this are one or two reads, not a level: no feature. gpt_small's
+16 split steps, probed every 4, leave one, and SGD at its best LR read 8x there (small_sgd, a
+held-out healthy run of the seventh draw's check)."""
 
 
 def _step_scan(ev: Evidence, out: Features) -> None:
@@ -260,7 +264,7 @@ def _step_scan(ev: Evidence, out: Features) -> None:
     lr_at = {s: min(lrs, key=lambda point: abs(point[0] - s))[1] for s in steps}
     near_peak = [s for s in steps if lr_at[s] >= STEP_SCAN_PEAK_SHARE * peak]
     best = [min(scans, key=lambda m: scans[m].get(s, math.inf)) for s in near_peak]
-    if not best:
+    if len(best) < STEP_SCAN_MIN_PROBES:
         return
     value = float(np.median(best))
     out["step_best_multiple"] = Feature(
@@ -525,7 +529,9 @@ NEEDS = {
     "param/update_ratio": "update_ratio_median",
     "param/dist_from_init": "dist_from_init_last",
     "param/embedding_rms": "embedding_rms_last embedding_rms_growth",
-    "step/loss_x<multiple> (probes.step_scan) and train/lr": "step_best_multiple",
+    "step/loss_x<multiple> (probes.step_scan, 3+ probes at half the peak LR) and train/lr": (
+        "step_best_multiple"
+    ),
     "attn/entropy/blocks.<i> (the built-in GPT's attention capture)": "attn_entropy_min",
     "moe/imbalance/blocks.<i> (an MoE model)": "moe_imbalance_max",
     "moe/aux_loss (an MoE model)": "moe_aux_loss",
