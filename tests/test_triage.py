@@ -710,7 +710,7 @@ def test_post_norm_whose_loss_climbs_back_is_the_norm_placement():
     assert first.id == "post_norm_unstable" and first.group == "architecture"
     assert first.numbers["post_norm"] == 1.0
     assert first.numbers["loss_rebound"] == pytest.approx(0.4 / 4.4, abs=0.02)
-    assert first.cards == ["lr_down_10x", "rope", "pre_norm"]  # by measured effect on the family
+    assert first.cards == ["rope", "lr_down_10x", "pre_norm"]  # by measured effect
     assert "lr_high_with_drift" not in [f.id for f in diag.findings]  # the generic row yields
 
 
