@@ -20,7 +20,7 @@ Then, per fault with a fixing card, the strikes and tokens to the fix when cards
 This part is a SIMULATION from the ranked findings, not measured verdicts: a card in the
 family's `fix` list is taken to be confirmed and every other card rejected (a strike; three
 escalate). The end-to-end benchmark (python -m bench.diagnosis) measures the verdicts
-themselves on the 12 tuning scenarios.
+themselves on its fault scenarios.
 """
 
 from __future__ import annotations
