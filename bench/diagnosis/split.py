@@ -67,13 +67,13 @@ harm is listed but not scored: there is nothing to diagnose. Loader delay (time)
 SHUFFLES = 2000
 KEY = ("family", "m", "shape", "optim", "seed")
 DRAW_PER_FAMILY = 3
-HELDOUT_DRAW = 20261208
+HELDOUT_DRAW = 20261209
 """The seed split.yaml's held-out set was drawn with (`--draw HELDOUT_DRAW`); a test checks it.
 Seeds are taken in date order; one whose draw misses a shape or an optimizer is skipped before
 anything runs (20261205 drew no gpt_small entry), since the held-out set must cover them all."""
-DRAW_SEEDS = range(30, 34)
-"""Seeds of a fresh draw: 0-29 are the tuning set's, spent draws included (the second to
-seventh draws, 2026-12-01, used 6-9, 10-13, 14-17, 18-21, 22-25 and 26-29)."""
+DRAW_SEEDS = range(34, 38)
+"""Seeds of a fresh draw: 0-33 are the tuning set's, spent draws included (the second to
+eighth draws, 2026-12-01, used 6-9, 10-13, 14-17, 18-21, 22-25, 26-29 and 30-33)."""
 CLASSIC_LISTING = [
     "lr_down_10x",
     "sched_cosine_warm_restarts",
