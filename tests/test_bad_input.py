@@ -22,6 +22,10 @@ CASES = {
     "fp16 on a CPU": (["ds.precision=fp16"], "ds.precision=fp16 needs a GPU"),
     "unknown precision": (["ds.precision=fp8"], "ds.precision=fp8 is unknown"),
     "bad ZeRO stage": (["ds.zero_stage=4"], "ds.zero_stage=4 is not a ZeRO stage"),
+    "probe switch not on or off": (
+        ["probes.step_scan=maybe"],
+        "probes.step_scan='maybe' must be true or false",
+    ),
     "zero learning rate": (["optim.lr=0"], "optim.lr=0 must be a finite number > 0.0"),
     "missing data path": (["data=token_file"], "data.source.path is required"),
     "missing data file": (["data=token_file", "data.source.path=/no/such.bin"], "not found"),

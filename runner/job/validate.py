@@ -10,6 +10,9 @@ from runner.errors import BadInput
 from runner.job.engine import PRECISIONS
 from runner.job.model_protocol import model_node
 
+PROBE_SWITCHES = ("gradients", "parameters", "activations", "nan_check", "step_scan", "spikes")
+"""The `probes` group's on/off keys: a string there ("maybe") would read as on."""
+
 
 def validate(cfg: DictConfig) -> None:
     """Raise BadInput (one line: the problem and the fix) for a job that must not start."""
@@ -22,6 +25,8 @@ def validate(cfg: DictConfig) -> None:
     _number(cfg, "optim.lr", lower=0.0, lower_open=True)
     _number(cfg, "ds.grad_clip", lower=0.0)
     _number(cfg, "checkpoint.every_tokens", lower=0.0)
+    for switch in PROBE_SWITCHES:
+        _switch(cfg, f"probes.{switch}")
     if cfg.ds.zero_stage not in (0, 1, 2, 3):
         raise BadInput(f"ds.zero_stage={cfg.ds.zero_stage} is not a ZeRO stage: use 0, 1, 2 or 3")
     if cfg.ds.precision not in PRECISIONS:
@@ -72,6 +77,12 @@ def _positive_int(cfg: DictConfig, key: str, what: str) -> None:
     ok = isinstance(value, int | float) and not isinstance(value, bool)
     if not ok or not math.isfinite(value) or value != int(value) or value <= 0:
         raise BadInput(f"{key}={value!r} must be a positive whole number ({what})")
+
+
+def _switch(cfg: DictConfig, key: str) -> None:
+    value = _get(cfg, key)
+    if not isinstance(value, bool):
+        raise BadInput(f"{key}={value!r} must be true or false")
 
 
 def _number(cfg: DictConfig, key: str, lower: float, lower_open: bool = False) -> None:
