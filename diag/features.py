@@ -261,7 +261,7 @@ def _step_scan(ev: Evidence, out: Features) -> None:
     if not steps or not lrs:
         return
     peak = max(v for _, v in lrs)
-    lr_at = {s: min(lrs, key=lambda point: abs(point[0] - s))[1] for s in steps}
+    lr_at = {s: S.nearest(lrs, s)[0][1] for s in steps}
     near_peak = [s for s in steps if lr_at[s] >= STEP_SCAN_PEAK_SHARE * peak]
     best = [min(scans, key=lambda m: scans[m].get(s, math.inf)) for s in near_peak]
     if len(best) < STEP_SCAN_MIN_PROBES:
@@ -363,7 +363,7 @@ def _eval(ev: Evidence, out: Features) -> None:
         )
     gaps, nats = [], []
     for step, e in evals[-MATCHED_EVALS:]:
-        near = sorted(train, key=lambda p: abs(p[0] - step))[:MATCHED_TRAIN_POINTS]
+        near = S.nearest(train, step, MATCHED_TRAIN_POINTS)
         level = float(np.median([v for _, v in near]))
         nats.append(e - level)
         if level:

@@ -71,6 +71,11 @@ def last(points: Points) -> float | None:
     return float(vals[-1]) if vals.size else None
 
 
+def nearest(points: Points, step: float, count: int = 1) -> Points:
+    """The `count` points logged nearest `step` (ties: the earlier first)."""
+    return sorted(points, key=lambda point: abs(point[0] - step))[:count]
+
+
 def last_over_first(points: Points, frac: float = 0.1) -> float | None:
     """Tail median over the first value: growth (>1) or shrinkage (<1) across the run. None when
     the first value is 0 or there are fewer than 2 points."""
