@@ -327,9 +327,7 @@ def read_run(
     client = MlflowClient(tracking_uri=uri)
     run = client.get_run(run_id)
     try:
-        path = client.download_artifacts(run_id, "config.yaml", _scratch())
-        with open(path) as file:
-            config = yaml.safe_load(file)
+        config = yaml.safe_load(_artifact_text(client, run_id, "config.yaml"))
     except (MlflowException, OSError):
         # A run hyprun's job did not write (an app's, with the probe): its params, flat keys.
         config = dict(run.data.params)
@@ -375,10 +373,13 @@ def record_diagnosis(uri: str, run_id: str, document: dict[str, Any]) -> None:
     client.log_batch(run_id, tags=tags)
 
 
-def _scratch() -> str:
+def _artifact_text(client, run_id: str, path: str) -> str:
+    """A text artifact's contents; its download folder is removed as soon as it is read (a
+    `mkdtemp` folder used to be left in /tmp by every config read)."""
     import tempfile
 
-    return tempfile.mkdtemp(prefix="hyprun-")
+    with tempfile.TemporaryDirectory(prefix="hyprun-") as folder:
+        return Path(client.download_artifacts(run_id, path, folder)).read_text()
 
 
 class RunReader:
