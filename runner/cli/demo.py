@@ -38,7 +38,7 @@ def run_demo(store: Store, seeds: int = 3) -> dict[str, str]:
     escalated = data_problem(store, f"demo-noisy-labels-{stamp}", seeds)
     console.print(Rule("Compare the runs"))
     for name in (fixed, escalated):
-        state = store.find_any(name)
+        state = store.find(name)
         console.print(f"{name}: {controller.headline(state)}", markup=False)
         for line in where_to_look(store, state):
             console.print(f"  {line}", markup=False)
@@ -82,7 +82,7 @@ def data_problem(store: Store, name: str, seeds: int) -> str:
     # One more, to show that an escalated investigation refuses further tests.
     refused = controller.test(store, name, ["rmsnorm"], cards["rmsnorm"].statement)
     console.print(f"a fourth test after escalation: exit code {refused.exit_code}")
-    show_findings(store.find_any(name))  # the lesson: the evidence pointed elsewhere
+    show_findings(store.find(name))  # the lesson: the evidence pointed elsewhere
     return name
 
 

@@ -139,7 +139,7 @@ def cmd_baseline(args: argparse.Namespace) -> int:
         from runner.control.diagnose import render_top
 
         render_top(Console(highlight=False, soft_wrap=True), document)
-    for line in where_to_look(store, state)[:3]:
+    for line in where_to_look(store, state, commands=False):
         console.print(line, markup=False)
     console.print("next: hyprun test CARD --why ...  (the top finding's cards first)")
     return 0
@@ -221,7 +221,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         table.add_row(*(escape(str(cell)) for cell in cells), *([slurm] if jobs else []))
     out = Console(highlight=False, soft_wrap=True)
     out.print(table)
-    for line in [*findings_lines(state), *where_to_look(store, state)[:3]]:
+    for line in [*findings_lines(state), *where_to_look(store, state, commands=False)]:
         out.print(line, markup=False)
     return 0
 
@@ -245,11 +245,11 @@ def cmd_report(args: argparse.Namespace) -> int:
     from runner.cli.where import where_to_look
 
     store = _store(experiment=args.experiment)
-    state = store.find_any(args.investigation)
+    state = store.find(args.investigation)
     out = Path(args.out or f".hyprun/reports/{state.name}")
     markdown, page = write_report(store, state, out)
     console.print(f"report: {markdown} and {page} (also on MLflow run {state.run_id}, report/)")
-    for line in where_to_look(store, state)[:3]:
+    for line in where_to_look(store, state, commands=False):
         console.print(line, markup=False)
     return 0
 
@@ -271,6 +271,10 @@ def cmd_reset(args: argparse.Namespace) -> int:
     state = reset(_store(experiment=args.experiment), args.investigation, args.by, args.reason)
     console.print(f"investigation {state.name!r} reopened by {args.by}: {args.reason}")
     return 0
+
+
+NEWEST = "name (default: the newest one, open or escalated)"
+"""Which investigation a command reads when none is named: one rule (`Store.find`)."""
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -316,8 +320,12 @@ def parser() -> argparse.ArgumentParser:
     commands["report"].add_argument("--out", help="folder (default .hyprun/reports/NAME)")
     commands["upload"].add_argument("spool", help="the spool.jsonl a job named")
     commands["upload"].add_argument("--uri", help="MLflow tracking URI (default: the config's)")
+    commands["baseline"].add_argument(
+        "--investigation", help="the new one's name (default: inv-YYYYmmdd-HHMMSS)"
+    )
+    for name in ("test", "sweep", "status", "reset", "verify", "report"):
+        commands[name].add_argument("--investigation", help=NEWEST)
     for name in ("baseline", "test", "sweep", "status", "reset", "verify", "report"):
-        commands[name].add_argument("--investigation", help="name (default: the newest open one)")
         commands[name].add_argument(
             "--experiment", help="MLflow experiment (default: the config's)"
         )
@@ -367,7 +375,7 @@ def parser() -> argparse.ArgumentParser:
         help="MLflow run id (default: seed 0 of the investigation's baseline; with no "
         "investigation, the newest finished run)",
     )
-    diagnose.add_argument("--investigation", help="name (default: the newest one)")
+    diagnose.add_argument("--investigation", help=NEWEST)
     diagnose.add_argument("--experiment", help="MLflow experiment (default: the config's)")
     diagnose.add_argument("--uri", help="MLflow tracking URI (default: the config's)")
     for name in ("check", "diagnose", "profile"):

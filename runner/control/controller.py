@@ -428,18 +428,26 @@ def open_test(store: Store, name: str | None, why: str) -> State:
     """The investigation a new test joins, once it may take one (Refused when escalated)."""
     state = store.find(name)
     if state.escalated:
-        raise Refused(
-            EXIT_ESCALATED,
-            f"investigation {state.name!r} is escalated after "
-            f"{state.strikes} rejected hypotheses: read its "
-            "escalation report",
-        )
+        raise Refused(EXIT_ESCALATED, escalated_note(state))
     if state.baseline is None:
         raise BadInput(f"investigation {state.name!r} has no baseline: run 'hyprun baseline' first")
     if not why.strip():
         raise BadInput("--why is empty: say 'I think [cause] because [evidence]'")
     check_drift(state)
     return state
+
+
+def escalated_note(state: State) -> str:
+    """What a user who hit the last strike needs in one line: which investigation, which tests
+    struck, where the escalation report is, and the two ways on."""
+    struck = ", ".join(f"H{t.number}" for t in state.counted if t.strike)
+    return (
+        f"investigation {state.name!r} is escalated: {state.strikes} rejected hypotheses in a "
+        f"row ({struck}). Read its escalation report, escalation.md on MLflow run "
+        f"{state.run_id} (hyprun status --investigation {state.name} prints where); then a "
+        f"human decides: 'hyprun reset --investigation {state.name} --by NAME --reason TEXT' "
+        "to go on testing, or a new investigation with 'hyprun baseline'"
+    )
 
 
 def refuse_repeat(state: State, overrides: list[str]) -> None:
@@ -1136,7 +1144,7 @@ def verify(store: Store, name: str | None, test_name: str | None, promote: bool 
     evidence; optionally make the fixed config the investigation's new baseline."""
     from runner.control.diagnose import diagnose
 
-    state = store.find_any(name)
+    state = store.find(name)
     confirmed = [t for t in state.confirmed if test_name in (None, f"H{t.number}")]
     if not confirmed:
         raise BadInput(
@@ -1178,7 +1186,7 @@ def reset(store: Store, name: str | None, by: str, reason: str) -> State:
     """A human's decision after an escalation: recorded on the parent run, strikes start over."""
     if not by.strip() or not reason.strip():
         raise BadInput("reset needs --by NAME and --reason TEXT: the decision is recorded")
-    state = store.find_any(name)
+    state = store.find(name)
     now = int(time.time() * 1000)
     record = {"by": by, "reason": reason, "time": now, "strikes_before": state.strikes}
     store.tag(

@@ -68,7 +68,7 @@ def default_run(uri: str, experiment: str, investigation: str | None = None) -> 
     (else the newest) investigation, where the evidence a user asks about lives; with no
     investigation at all, the newest finished run (e.g. a plain `hyprun train`)."""
     try:
-        state = Store(uri, experiment).find_any(investigation)
+        state = Store(uri, experiment).find(investigation)
     except BadInput:
         if investigation is not None:
             raise

@@ -205,27 +205,24 @@ class Store:
         return run.info.run_id
 
     def find(self, name: str | None) -> State:
-        """The named investigation, or the most recent one that is not escalated."""
+        """The named investigation, else the newest one (the last started), open or escalated.
+
+        One rule for every command (`test`, `sweep`, `status`, `report`, `verify`, `reset`):
+        the newest investigation is the one the user just worked on. Skipping an escalated one
+        would lose it the moment it escalates (`status` showing an older one, `test` saying
+        there is none); instead the commands an escalation forbids say so, and how to go on
+        (`runner/control/controller.py` `open_test`, exit 3)."""
         if name is not None:
             parent = self._parent(name)
             if parent is None:
                 raise BadInput(f"no investigation {name!r}{self._elsewhere()}")
             return self._follow(parent)
-        for parent in self._parents():
-            state = self.state(parent)
-            if not state.escalated:
-                self._follow(parent)
-                return state
-        raise BadInput(f"no open investigation{self._elsewhere()}")
-
-    def find_any(self, name: str | None) -> State:
-        """The named investigation, or the most recent one, escalated or not."""
-        if name is not None:
-            return self.find(name)
         parents = self._parents()
         if not parents:
             raise BadInput(f"no investigation yet{self._elsewhere()}")
         return self._follow(parents[0])
+
+    find_any = find  # the name older callers use: one rule, one lookup
 
     def _follow(self, parent) -> State:
         """The investigation's state; the store now writes into the investigation's experiment."""
@@ -421,6 +418,8 @@ class Links:
     """Its runs grouped by role: each test's name with its verdict and effect, one list."""
     compare: str
     """Its seed runs grouped by side (baseline, each test), loss curves in the chart view."""
+    escalation: str
+    """Its escalation report (escalation.md on its run), or "" while it is not escalated."""
 
 
 def links(store: Store, state: State) -> Links:
@@ -432,18 +431,18 @@ def links(store: Store, state: State) -> Links:
     base = store.uri.rstrip("/") if served else UI_LOCAL
     serve = "" if served else f"mlflow ui --backend-store-uri {store.uri}"
     experiment = store.reads.get_run(state.run_id).info.experiment_id
-    page = f"{base}/#/experiments/{experiment}/runs?"
+    page = f"{base}/#/experiments/{experiment}/runs"
+    model_training = {"workflowType": "machine_learning"}
 
     def link(view: str, mode: str) -> str:
-        query = {
-            "workflowType": "machine_learning",
-            "viewStateShareKey": view,
-            "compareRunsMode": mode,
-        }
-        return page + urlencode(query, quote_via=quote)
+        query = {**model_training, "viewStateShareKey": view, "compareRunsMode": mode}
+        return f"{page}?{urlencode(query, quote_via=quote)}"
 
     runs_view, compare_view = view_keys(state.name)
-    return Links(serve, link(runs_view, "TABLE"), link(compare_view, "CHART"))
+    escalation = ""
+    if state.escalated:
+        escalation = f"{page}/{state.run_id}/artifacts/escalation.md?{urlencode(model_training)}"
+    return Links(serve, link(runs_view, "TABLE"), link(compare_view, "CHART"), escalation)
 
 
 def view_keys(name: str) -> tuple[str, str]:
