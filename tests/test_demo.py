@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -17,12 +18,19 @@ pytestmark = pytest.mark.slow  # the whole demo: two investigations, minutes on 
 def test_demo_fixes_one_fault_and_escalates_the_other(workdir, capsys, monkeypatch):
     store = Store(f"sqlite:///{workdir}/mlflow.db", "hyprun-demo")
     names = run_demo(store)
-    printed = capsys.readouterr().out
+    captured = capsys.readouterr()
+    printed = captured.out
 
     fixed = store.find_any(names["fixed"])
     assert [t.verdict for t in fixed.tests][-1] == "confirmed" and fixed.strikes < 3
     confirmed = fixed.confirmed[0]
     assert confirmed.variable == "optim.lr" and confirmed.tags["hyprun.verified"] != "none"
+    # verify says which finding the fix removed and why another still fires, with numbers
+    number = confirmed.number
+    gone = f"gone: loss_flat, which H{number} was tested for: loss_rel_drop "
+    assert gone in captured.err, captured.err
+    for survivor in re.findall(r"still firing: (\w+), which", captured.err):
+        assert f"'hyprun verify H{number} --promote', then 'hyprun test" in captured.err, survivor
 
     escalated = store.find_any(names["escalated"])
     assert escalated.escalated and escalated.strikes == 3

@@ -1,7 +1,8 @@
 """`hyprun demo`: the method end to end on a CPU, in a few minutes, against local MLflow.
 
 1. A planted fault (the LR 10x too low): record a baseline, diagnose it, test the cards the
-   findings point to, one at a time, until one is confirmed; then verify that the finding is gone.
+   findings point to, one at a time, until one is confirmed; then verify which findings the fix
+   removed, and why any that still fires does (its numbers before and after, the next card).
 2. A planted data problem (60% of the labels are noise) attacked with the classic plateau
    report's recipe tweaks: each is rejected, and the third rejection escalates to a human.
 """

@@ -63,12 +63,15 @@ from rich.console import Console
 from rich.markup import escape
 
 from diag.effect import change, describe, metric_key
+from diag.fixed import finding_changes
 from diag.metric import MetricSpec
 from diag.sequential import Design, plan
+from diag.triage import load_tables
 from diag.verdict import compare, early_reject, load_params
 from hypotheses.schema import Card, load_cards
 from runner import markdown, provenance
 from runner.compose import compose, one_line
+from runner.control.fixed import card_keys, finding_cards, fixed_lines
 from runner.control.notify import notify
 from runner.control.one_variable import Delta, measure
 from runner.errors import BadInput, JobsFailed
@@ -221,20 +224,14 @@ def top_findings(document: dict[str, Any], cards: dict[str, Card]) -> list[dict[
     says, and the cards and config keys that would test it."""
     found = []
     for finding in document.get("findings", [])[:TOP_FINDINGS]:
-        testing = list(finding.get("cards", []))
-        testing += [
-            c.id for c in cards.values() if finding["id"] in c.triggers and c.id not in testing
-        ]
-        keys = sorted(
-            {entry.split("=")[0] for c in testing if c in cards for entry in cards[c].delta}
-        )
+        testing = finding_cards(finding, cards)
         found.append(
             {
                 "id": finding["id"],
                 "cause": str(finding.get("cause", ""))[:300],
                 "first_action": str(finding.get("first_action", ""))[:300],
                 "cards": testing,
-                "variables": keys,
+                "variables": card_keys(testing, cards),
             }
         )
     return found
@@ -1155,19 +1152,16 @@ def verify(store: Store, name: str | None, test_name: str | None, promote: bool 
     before = diagnose(store.uri, state.baseline["seed_runs"][0], store.experiment)[1]
     runs = sorted(store.seed_runs(test.evidence_run), key=lambda r: int(r.data.tags["hyprun.seed"]))
     after = diagnose(store.uri, runs[0].info.run_id, store.experiment)[1]
-    fired = {f["id"] for f in before["findings"]}
-    still = [f["id"] for f in after["findings"]]
+    found = finding_changes(before, after, {row.id: row for row in load_tables()})
     result = {
         "test": f"H{test.number}",
-        "resolved": sorted(fired - set(still)),
-        "still": still,
-        "new": sorted(set(still) - fired),
+        "resolved": [c.id for c in found if c.status == "gone"],
+        "still": [c.id for c in found if c.status != "gone"],
+        "new": [c.id for c in found if c.status == "new"],
     }
     store.tag(test.run_id, {"hyprun.verified": ",".join(result["resolved"]) or "none"})
-    console.print(
-        f"verify H{test.number}: resolved {result['resolved'] or 'none'}; "
-        f"still firing {still or 'none'}"
-    )
+    lines = fixed_lines(test, found, load_cards(), promote)
+    console.print("\n".join(lines), markup=False)
     if promote:
         overrides = [*state.baseline["overrides"], *test.fix]
         promoted = dict(
