@@ -19,10 +19,15 @@ in brackets):
    better), z = effect / noise.
 3. Small-sample threshold (`z_threshold`) [small_sample true]. With 2-5 seeds sigma is itself a
    noisy estimate, so the z thresholds are replaced by the Student-t quantile with the same
-   one-sided confidence (z_confirm 2.0 -> 97.7%) at the Welch-Satterthwaite degrees of freedom
-   (n_b - 1 when the test borrows sigma_b; normal when sigma is assumed). At 3 vs 3 seeds that
-   is 2.9 to 4.5 sigma; without it an A/A comparison "confirms" 6-7% of the time instead of
-   about 2%. `Verdict.z_needed` is the threshold used. Distributions are scipy.stats'.
+   one-sided confidence (z_confirm 2.0 -> 97.7%) at the noise's degrees of freedom (`null_df`):
+   Welch-Satterthwaite at the one spread both sides share under the null a confirmation must
+   rule out, so both sides' seeds count (2n - 2 at n per side, Student's two-sample t; n_b - 1
+   when the test borrows sigma_b; normal when sigma is assumed). At 3 vs 3 seeds that is 2.9
+   sigma; without it an A/A comparison "confirms" 6-7% of the time instead of about 2%.
+   Welch's df from the two sample spreads (used until issue 25) fell to n - 1 whenever they
+   differed by chance: at 2 seeds per side a t at 1 df, under which a -48% fix at z = 50 was
+   not significant at a first look. `Verdict.z_needed` is the threshold used. Distributions
+   are scipy's.
 4. Paired check (`paired_check`) over the seeds present on both sides: d_s = test_s -
    baseline_s, t = mean(d) / (sd(d)/sqrt(n)), df = n - 1, two-sided p. Reported always
    (n >= 2); with >= paired_min_seeds [3] common seeds its sign must agree with the improvement
@@ -104,7 +109,11 @@ TABLE = Path(__file__).parent / "tables" / "verdict.yaml"
 """The shipped thresholds."""
 
 STATUSES = ("confirmed", "rejected", "inconclusive")
-SPENDING_NAMES = {"obrien_fleming": "O'Brien-Fleming", "pocock": "Pocock"}
+SPENDING_NAMES = {
+    "obrien_fleming": "O'Brien-Fleming",
+    "pocock": "Pocock",
+    "hwang_shih_decani": "Hwang-Shih-DeCani",
+}
 
 
 def _special():
@@ -148,9 +157,10 @@ class SequentialParams:
     or less: the fixed-k rule, one look."""
     round_seeds: int = Field(0, ge=0)
     """Seeds per side added each round (0: as many as the baseline was recorded with)."""
-    confirm_spending: Spending = "obrien_fleming"
-    """Lan-DeMets spending function of the confirm side: O'Brien-Fleming type keeps early
-    looks strict and the last look close to the fixed rule's z."""
+    confirm_spending: Spending = "hwang_shih_decani"
+    """Spending function of the confirm side: Hwang-Shih-DeCani (gamma -4) keeps early looks
+    strict and the last look close to the fixed rule's z, as O'Brien-Fleming type does, but
+    spends enough at the first look to confirm a huge effect there."""
     reject_spending: Spending = "pocock"
     """Spending function of the reject side: Pocock type spends evenly, so a test that cannot
     reach its min effect stops in an early round."""
@@ -163,7 +173,7 @@ class VerdictParams:
     z_confirm: float = Field(2.0, gt=0)
     """Improvement must exceed this many noise units (before the small-sample correction)."""
     small_sample: bool = True
-    """Replace z thresholds by the Student-t quantile of equal confidence at the Welch df."""
+    """Replace z thresholds by the Student-t quantile of equal confidence at the noise's df."""
     single_seed_sigma: float = Field(0.005, gt=0)
     """Relative per-seed sigma assumed when the baseline has one seed."""
     z_guard: float = Field(2.0, gt=0)
@@ -415,7 +425,7 @@ class Contrast:
     """Relative sigma of the difference of means."""
     z: float
     df: float
-    """Welch-Satterthwaite degrees of freedom of the noise (inf when sigma was assumed)."""
+    """Degrees of freedom of the noise (null_df; inf when sigma was assumed)."""
     assumed: bool
     """True when sigma_b is the single-seed assumption."""
 
@@ -444,6 +454,17 @@ def welch_df(var_b: float, df_b: float, var_t: float, df_t: float) -> float:
     return (var_b + var_t) ** 2 / den if den > 0 else math.inf
 
 
+def null_df(n_b: int, n_t: int) -> float:
+    """Degrees of freedom of the noise under the null a confirmation must rule out (the change
+    does nothing, so both sides' seeds share one spread): Welch-Satterthwaite at that common
+    spread, counting the seeds of both sides (2n - 2 at n per side: Student's two-sample t,
+    whose noise equals Welch's at equal seed counts). Welch's df from the two sample spreads
+    instead falls towards n - 1 whenever they differ by chance, as two spreads of 2 seeds
+    nearly always do: at 2 seeds per side, a t at 1 df, with tails so heavy that a 48% fix at
+    z = 50 could not be confirmed at a first look."""
+    return welch_df(1.0 / n_b, n_b - 1.0, 1.0 / n_t, n_t - 1.0)
+
+
 def contrast(
     spec: MetricSpec, base: Mapping[int, float], test: Mapping[int, float], params: VerdictParams
 ) -> Contrast:
@@ -455,11 +476,13 @@ def contrast(
     assumed = n_b < 2
     sigma_b = params.single_seed_sigma * scale if assumed else sample_sigma(base_values)
     df_b = math.inf if assumed else n_b - 1.0
-    if n_t >= 2:
+    if n_t < 2:  # the test borrows the baseline's sigma: one estimate, its df
+        sigma_t, df = sigma_b, df_b
+    elif assumed:  # only the test's spread is measured
         sigma_t = sample_sigma(test_values)
         df = welch_df(sigma_b**2 / n_b, df_b, sigma_t**2 / n_t, n_t - 1.0)
-    else:  # the test borrows the baseline's sigma: one estimate, its df
-        sigma_t, df = sigma_b, df_b
+    else:
+        sigma_t, df = sample_sigma(test_values), null_df(n_b, n_t)
     effect_abs = mean_t - mean_b
     effect = better_sign(spec) * effect_abs / scale
     noise = math.sqrt(sigma_b**2 / n_b + sigma_t**2 / n_t) / scale
@@ -675,7 +698,9 @@ class Threshold:
         text = f"{self.z_needed:.2g}σ noise"
         if self.z_needed != self.z_confirm:
             text += f" (z {self.z_confirm:.3g} at {self.df:.1f} df)"
-        if self.looks > 1:
+        if self.looks > 1 and self.rounds > 1:
+            text += f"; Bonferroni: best of {self.looks} trials, alpha / {self.looks}"
+        elif self.looks > 1:
             text += (
                 f"; Bonferroni: best of {self.looks} trials, z {self.z_table:g} -> "
                 f"{self.z_confirm:.3g}"

@@ -24,6 +24,9 @@ def test_boundaries_match_published_lan_demets_values():
     assert obf == pytest.approx((4.333, 2.963, 2.359, 2.014), abs=2e-3)
     pocock = boundaries((0.25, 0.5, 0.75, 1.0), 0.025, "pocock")
     assert pocock == pytest.approx((2.368, 2.368, 2.358, 2.350), abs=1e-2)
+    # gsDesign's default sfHSD (gamma -4), 3 equally spaced looks
+    hsd = boundaries((1 / 3, 2 / 3, 1.0), 0.025, "hwang_shih_decani")
+    assert hsd == pytest.approx((3.010, 2.547, 1.999), abs=2e-3)
     assert boundaries((1.0,), ALPHA, "pocock")[0] == pytest.approx(2.0, abs=1e-4)
     assert spent(1.0, ALPHA, "obrien_fleming") == pytest.approx(ALPHA)
     assert spent(0.5, ALPHA, "obrien_fleming") < spent(0.5, ALPHA, "pocock") < ALPHA
@@ -32,7 +35,7 @@ def test_boundaries_match_published_lan_demets_values():
 def test_the_boundaries_spend_exactly_alpha_on_brownian_paths():
     rng = np.random.default_rng(3)
     fractions = np.array([0.25, 0.5, 0.75, 1.0])
-    for spending in ("obrien_fleming", "pocock"):
+    for spending in ("obrien_fleming", "pocock", "hwang_shih_decani"):
         bounds = np.array(boundaries(tuple(fractions), 0.025, spending))
         steps = rng.standard_normal((200_000, 4)) * np.sqrt(np.diff(fractions, prepend=0.0))
         z = np.cumsum(steps, axis=1) / np.sqrt(fractions)
@@ -124,3 +127,43 @@ def test_early_rejection_is_the_reject_side_of_the_round():
             assert stop is None
     assert fired >= 5  # not vacuous
     assert math.isfinite(design.reject_z(0))
+
+
+def shipped(start: int, alpha: float = ALPHA):
+    """The design a test of a `start`-seed baseline runs with the table's numbers."""
+    rule = load_params().sequential
+    return plan(
+        start,
+        rule.max_seeds,
+        alpha,
+        confirm_spending=rule.confirm_spending,
+        reject_spending=rule.reject_spending,
+    )
+
+
+def test_a_huge_effect_is_confirmed_at_the_first_look():
+    """A 2-seed baseline, a fix worth -48% at 0.96% noise (z = 50): decided in round 1. The
+    test's own two seeds agree closely, the baseline's do not; the noise's degrees of freedom
+    count both sides' seeds (2), not the 1 that Welch's df falls to on such spreads."""
+    base = {0: [(4096, 3.0)], 1: [(4096, 3.0582)]}
+    test = {0: [(4096, 1.5752)], 1: [(4096, 1.5754)]}
+    verdict = compare(base, test, LOSS, design=shipped(2))
+    assert verdict.status == "confirmed" and verdict.round == 1, verdict.reason
+    assert verdict.effect == pytest.approx(0.48, abs=0.005) and verdict.z == pytest.approx(50, 0.01)
+    assert verdict.df == 2
+
+
+def test_the_best_of_a_sweep_goes_on_in_rounds_at_alpha_over_trials():
+    """A sweep's best of 4 trials on a 2-seed baseline, -40% at 1.3% noise (z = 30.6): judged
+    once at the baseline's seeds it may end inconclusive with no round to follow; in rounds at
+    alpha / 4 a second look follows, and decides."""
+    base = {0: [(4096, 3.0)], 1: [(4096, 3.079)], 2: [(4096, 3.01)], 3: [(4096, 3.06)]}
+    test = {0: [(4096, 1.8237)], 1: [(4096, 1.8239)], 2: [(4096, 1.83)], 3: [(4096, 1.82)]}
+    first = {s: base[s] for s in (0, 1)}, {s: test[s] for s in (0, 1)}
+    design = shipped(2, ALPHA / 4)
+    assert compare(*first, LOSS, looks=4).z == pytest.approx(30.6, abs=0.5)
+    look = compare(*first, LOSS, design=design, looks=4)
+    assert look.status == "confirmed" or not look.final, look.reason
+    second = compare(base, test, LOSS, design=design, looks=4)
+    assert second.status == "confirmed" and second.round == 2, second.reason
+    assert "best of 4 trials, alpha / 4" in second.reason

@@ -133,3 +133,32 @@ def test_an_in_process_sweep_takes_one_verdict(workdir):
         assert test.fix == ["optim.lr=0.003"] and test.evidence_run != test.run_id
     with pytest.raises(BadInput, match="tested already"):
         sweep(store, "sw", ["optim.lr=choice(1e-7, 3e-3)"], trials=2, why="again")
+
+
+@pytest.mark.slow  # a 2-seed baseline, a sweep of 2 trials and a round for the best
+def test_a_sweep_decides_its_huge_best_trial_in_rounds(workdir):
+    """On a 2-seed baseline a sweep's best trial was judged once at the baseline's seeds, at 1
+    df and alpha / trials: a huge gain ended `inconclusive` with no round to follow. It now goes
+    on in rounds at alpha / trials, as a plain test does."""
+    uri = f"sqlite:///{workdir}/mlflow.db"
+    store = Store(uri, "hyprun")
+    budget = [
+        "budget.tokens=8192",
+        "budget.eval_every_tokens=2048",
+        "budget.eval_sequences=16",
+        f"tracking.uri={uri}",
+        f"checkpoint.dir={workdir}/ckpt",
+    ]
+    record_baseline(store, "huge", [*budget, "optim.lr=1e-5"], seeds=2, why="")
+    outcome = sweep(
+        store,
+        "huge",
+        ["optim.lr=choice(3e-3, 1e-2)"],
+        trials=2,
+        why="I think the LR is far too low because the loss barely moves",
+    )
+    verdict = outcome.verdict
+    assert verdict["effect"] > 0.1, verdict["reason"]
+    assert verdict["status"] == "confirmed", verdict["reason"]
+    assert verdict["rounds_run"] >= 1 and "alpha / 2" in verdict["reason"]
+    assert verdict["seeds"] in (2, 4) and verdict["looks"] == 2

@@ -84,9 +84,8 @@ def test_confirmed_by_hand():
     assert v.effect_abs == pytest.approx(-0.15)
     assert v.noise == pytest.approx(noise_abs / 3.0)
     assert v.z == pytest.approx(0.05 / (noise_abs / 3.0))  # 5.54
-    # Welch-Satterthwaite df: (vb + vt)^2 / (vb^2 / 2 + vt^2 / 2)
-    vb, vt = 0.0009 / 3, 0.0013 / 3
-    assert v.df == pytest.approx((vb + vt) ** 2 / (vb**2 / 2 + vt**2 / 2))
+    # the noise's df counts both sides' seeds: 3 + 3 - 2 (not Welch's 3.87 from the two spreads)
+    assert v.df == 4
     assert v.z_needed == pytest.approx(z_threshold(2.0, v.df))
     assert (v.tokens, v.n_baseline, v.n_test) == (4096, 3, 3)
     assert v.decide is None
@@ -329,7 +328,9 @@ def test_aa_false_confirmation_rate():
     any_effect = aa_rates(MetricSpec("eval/loss", "min", min_effect=0.0))
     with_min = aa_rates(LOSS)
     assert any_effect["confirmed"] <= 0.05
-    assert with_min["confirmed"] < 0.02
+    # the t test at 2n - 2 df is exact here (one spread, unpaired seeds): alpha itself, 2.3%,
+    # with min effect 0; below it with a min effect to clear
+    assert with_min["confirmed"] < PARAMS.alpha
     # the few-seed t correction is what keeps the rate down: plain z=2 confirms more often
     plain = aa_rates(
         MetricSpec("eval/loss", "min"), dataclasses.replace(PARAMS, small_sample=False)

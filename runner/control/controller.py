@@ -550,11 +550,12 @@ def run_test(
 
 
 def test_design(
-    store: Store, state: State, max_seeds: int | None, max_tokens: int
+    store: Store, state: State, max_seeds: int | None, max_tokens: int, trials: int = 1
 ) -> tuple[Design, str]:
     """The test's looks: from the baseline's seed count up to the seed cap, in rounds, as far
     as the token cap reaches (diag/sequential.py), and which cap ends it. Bad caps are refused
-    before anything runs."""
+    before anything runs. `trials` > 1: the test is the best of a sweep's trials, its rounds
+    spend alpha / trials (Bonferroni: as if every trial went on in rounds at that rate)."""
     params = load_params()
     rule = params.sequential
     start = state.baseline["seeds"]
@@ -574,7 +575,7 @@ def test_design(
     design = plan(
         start,
         max(start, cap),
-        params.alpha,
+        params.alpha / max(1, trials),
         round_seeds=rule.round_seeds,
         tokens_per_seed=budget,
         max_tokens=max_tokens,
@@ -598,11 +599,13 @@ def in_rounds(
     designed: tuple[Design, str],
     primary: MetricSpec,
     guards: list[MetricSpec],
+    looks: int = 1,
 ) -> dict[str, Any]:
     """Run the design's rounds until a look decides (diag/sequential.py): each round trains the
     test's missing seeds and the baseline seeds nobody recorded yet, as one job array. A test
     resumed after a crash replays its looks on the seeds already recorded (same data, same
-    decisions) and goes on where it stopped. `designed`: the design and the cap that ends it."""
+    decisions) and goes on where it stopped. `designed`: the design and the cap that ends it;
+    `looks`: the test is the best of that many sweep trials (its design spends alpha / looks)."""
     design, cap = designed
     watch = EarlyRejection(store, primary)
     done = finished_seeds(store, test_run)  # a resumed test does not rerun finished seeds
@@ -635,7 +638,7 @@ def in_rounds(
             verdict = watch.verdict(results, seeds)
             return rounds_taken(verdict, design, look, seeds, spent, "rejected early")
         baseline_runs = [state.baseline_run(s) for s in range(seeds)]
-        verdict = decide(store, state, results, primary, guards, 1, baseline_runs, design)
+        verdict = decide(store, state, results, primary, guards, looks, baseline_runs, design)
         if verdict["status"] != "inconclusive" or verdict["final"]:
             return rounds_taken(
                 verdict, design, look, seeds, spent, stop_reason(verdict, look, cap)

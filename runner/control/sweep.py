@@ -9,9 +9,14 @@ batch of trials is one job array) and records below its own MLflow run. A trial 
 loss falls clearly behind the baseline band is pruned by `BaselinePruner`, the same rule that
 stops a plain test early.
 
-The sweep's verdict is the best trial's, judged with a confirmation threshold corrected for having
-looked N times (Bonferroni: the best of N noisy trials would otherwise beat the baseline by luck
-far more often than one test). A sweep is one test: it takes at most one strike.
+The sweep's verdict is the best trial's, corrected for having looked N times (Bonferroni: the best
+of N noisy trials would otherwise beat the baseline by luck far more often than one test). The best
+trial goes on in rounds as a plain test does (diag/sequential.py: more seeds for it and the
+baseline until a look decides or the seed cap), its design spending alpha / N: as if every trial
+went on in rounds at that rate, so the chance that any of them, the best included, is ever
+confirmed by luck stays at alpha. Judged once at the baseline's seeds instead, a 2-seed baseline
+could confirm nothing (a -40% trial at z = 30.6 was `inconclusive`, with no round to follow). A
+sweep is one test: it takes at most one strike.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ from runner.control.controller import (
     app_of,
     claim,
     decide,
+    in_rounds,
     open_test,
     preflight_test,
     record_error,
@@ -51,13 +57,14 @@ from runner.control.controller import (
     refuse_repeat,
     seed_configs,
     seed_curves,
+    test_design,
     where_tests_run,
 )
 from runner.control.one_variable import Delta, measure
 from runner.errors import BadInput, JobsFailed
 from runner.job.result import JobResult
 from runner.launch.app import HydraApp
-from runner.launch.launchers import Failed, InProcess, Job, result_of, safe_name, split
+from runner.launch.launchers import Failed, InProcess, Job, safe_name, split
 from runner.store.investigation import State, Store
 
 SWEEPS = Path(".hyprun/sweeps")
@@ -194,11 +201,11 @@ def sweep(
         while (left := trials - sum(t.state.is_finished() for t in study.trials)) > 0:
             asked = [study.ask({key: dist}) for _ in range(min(batch, left))]
             _run_trials(store, state, test_run, number, key, asked, study, launcher)
+        table = _table(study)
+        store.text(test_run, json.dumps(table, indent=2, default=str), "sweep.json")
+        verdict, extra = _verdict(store, state, study, key, table, launcher)
     except Exception as error:  # infrastructure, not evidence: no strike
         return record_error(store, test_run, label, error)
-    table = _table(study)
-    store.text(test_run, json.dumps(table, indent=2, default=str), "sweep.json")
-    verdict, extra = _verdict(store, state, study, key, table)
     return record_verdict(store, state, test_run, label, verdict, extra)
 
 
@@ -324,9 +331,15 @@ def _table(study: optuna.Study) -> list[dict[str, Any]]:
 
 
 def _verdict(
-    store: Store, state: State, study: optuna.Study, key: str, table: list[dict[str, Any]]
+    store: Store,
+    state: State,
+    study: optuna.Study,
+    key: str,
+    table: list[dict[str, Any]],
+    launcher,
 ) -> tuple[dict[str, Any], dict[str, str]]:
-    """The best trial's verdict, corrected for every trial looked at (failed ones were not)."""
+    """The best trial's verdict, in rounds, corrected for every trial looked at (failed ones
+    were not)."""
     looks = sum(t.state != TrialState.FAIL for t in study.trials)
     complete = [t for t in study.trials if t.state == TrialState.COMPLETE]
     pruned = sum(t.state == TrialState.PRUNED for t in study.trials)
@@ -345,12 +358,46 @@ def _verdict(
     primary = primary_of(state)
     best = (max if primary.direction == "max" else min)(complete, key=lambda t: t.value)
     best_run = best.user_attrs["run_id"]
-    results = [result_of(r) for r in store.seed_runs(best_run)]
-    verdict = decide(store, state, results, primary, [], looks=looks)
     best_delta = as_override(key, best.params[key])
+    verdict = _best_in_rounds(store, state, best, best_delta, key, launcher, looks)
     verdict.update(best=best_delta, best_trial=best.number, pruned=pruned, trials=table)
     verdict["reason"] = (
         f"best {best_delta} (trial {best.number}, {pruned} pruned): " + verdict["reason"]
     )
     extra = {"hyprun.best_delta": json.dumps([best_delta]), "hyprun.best_run": best_run}
     return verdict, extra
+
+
+def _best_in_rounds(
+    store: Store,
+    state: State,
+    best: optuna.trial.FrozenTrial,
+    best_delta: str,
+    key: str,
+    launcher,
+    looks: int,
+) -> dict[str, Any]:
+    """The best trial judged as a test in rounds at alpha / looks: its seeds so far are the
+    first look; more seeds (its own and the baseline's) only when that look cannot decide."""
+    best_run = best.user_attrs["run_id"]
+    number = best_run_label(store, best_run)
+    designed = test_design(store, state, None, 0, trials=looks)
+    verdict = in_rounds(
+        store,
+        state,
+        best_run,
+        f"{number} {best_delta}",
+        Delta((best_delta,), key, {}, ()),
+        launcher,
+        designed,
+        primary_of(state),
+        [],
+        looks,
+    )
+    store.tag(best_run, {"hyprun.verdict": verdict["status"], "hyprun.reason": verdict["reason"]})
+    return verdict
+
+
+def best_run_label(store: Store, run_id: str) -> str:
+    """The trial's label prefix (H3.1): its seed runs are named after it."""
+    return store.run(run_id).info.run_name.split()[0]
