@@ -37,7 +37,7 @@ from runner.job import dist as distributed
 from runner.job.data.loader import build_loader
 from runner.job.engine import build_engine
 from runner.job.optim import build_optimizer
-from runner.job.train import Clocks, run
+from runner.job.train import Clocks, Plan, drawn_seq_len, run
 
 WARMUP_STEPS = 5  # dropped from every side: caches, allocator, DeepSpeed's first-step work
 CLOCKS = ("wall", "process", "thread")
@@ -80,8 +80,8 @@ def bare_loop(cfg) -> dict[str, list[float]]:
     optimizer = build_optimizer(model, cfg.optim)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
     engine = build_engine(model, optimizer, scheduler, cfg.ds)
-    tokens_per_step = cfg.ds.micro_batch * cfg.ds.grad_accum * dist.world * cfg.model.seq_len
-    steps = cfg.budget.tokens // tokens_per_step
+    plan = Plan.of(cfg, dist.world, drawn_seq_len(source, cfg.budget.data_seed))
+    steps = cfg.budget.tokens // plan.tokens_per_step
     loader = build_loader(
         source,
         seed=cfg.budget.data_seed,
@@ -122,7 +122,7 @@ def hyprun_job(cfg) -> dict[str, list[float]]:
 def config(overrides: list[str], steps: int, folder: Path, experiment: str):
     """The job config of `steps` optimizer steps, evaluated only at its end, no checkpoints."""
     probe = compose(overrides)
-    tokens = steps * probe.ds.micro_batch * probe.ds.grad_accum * probe.model.seq_len
+    tokens = steps * Plan.of(probe, world=1).tokens_per_step
     return compose(
         [
             *overrides,
@@ -225,7 +225,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.steps <= WARMUP_STEPS or args.rounds < 1:
         parser.error(f"--steps must exceed the {WARMUP_STEPS} warm-up steps, --rounds be >= 1")
     cfg = compose(args.overrides)
-    tokens = cfg.ds.micro_batch * cfg.ds.grad_accum * cfg.model.seq_len
+    tokens = Plan.of(cfg, world=1).tokens_per_step
     print(
         f"model {cfg.model.n_layer}L d{cfg.model.d_model}, {tokens} tokens/step, loader "
         f"workers={cfg.data.loader.num_workers}; {args.rounds} interleaved rounds of "

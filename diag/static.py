@@ -142,10 +142,15 @@ def _world(device: DeviceInfo | None) -> int:
     return device.world if device is not None else 1
 
 
+def _seq_len(cfg: dict) -> int:
+    """Tokens in a trained sequence: the data's sequence length, which may be shorter than the
+    model's context (counting the context put every token count 8x off at seq_len 8 of 64)."""
+    return int(_get(cfg, "data.source.seq_len", None) or _get(cfg, "model.seq_len"))
+
+
 def _tokens_per_step(cfg: dict, device: DeviceInfo | None) -> int:
     ds = _get(cfg, "ds")
-    seq_len = _get(cfg, "model.seq_len")
-    return int(ds["micro_batch"] * ds["grad_accum"] * _world(device) * seq_len)
+    return int(ds["micro_batch"] * ds["grad_accum"] * _world(device) * _seq_len(cfg))
 
 
 def _result(
@@ -266,11 +271,12 @@ def check_loss_scaling(
     return _result(rule, "warn", "static", scale, threshold)
 
 
-def _flops_per_token(model: dict) -> float:
+def _flops_per_token(model: dict, seq_len: int) -> float:
+    """Training FLOPs per token, the attention term at the `seq_len` trained."""
     head_dim = int(model["d_model"]) // int(model["n_head"])
     n_active = count_params(model, non_embedding=True, active=True)
     return transformer_flops_per_token(
-        n_active, int(model["n_layer"]), int(model["n_head"]), head_dim, int(model["seq_len"])
+        n_active, int(model["n_layer"]), int(model["n_head"]), head_dim, seq_len
     )
 
 
@@ -281,7 +287,9 @@ def check_tokens_per_step(
     tokens_per_step = _tokens_per_step(cfg, device)
     if not _builtin(cfg):
         return _result(rule, "skip", "unknown", tokens_per_step, "needs the model's FLOPs")
-    compute = _flops_per_token(_get(cfg, "model")) * float(_get(cfg, "budget.tokens"))
+    compute = _flops_per_token(_get(cfg, "model"), _seq_len(cfg)) * float(
+        _get(cfg, "budget.tokens")
+    )
     optimal = rule["coefficient"] * compute ** rule["exponent"]
     floor = rule["warn_below_fraction"] * optimal
     threshold = (
@@ -317,7 +325,8 @@ def memory_estimate(cfg: dict, world: int) -> MemoryEstimate:
         int(ds.get("zero_stage", 0)),
         world,
         precision,
-        activation_bytes(model, int(ds["micro_batch"]), precision),
+        # Activations of the sequences trained, which may be shorter than the context.
+        activation_bytes({**model, "seq_len": _seq_len(cfg)}, int(ds["micro_batch"]), precision),
         _optimizer_states(cfg),
     )
 

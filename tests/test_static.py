@@ -116,6 +116,13 @@ def test_each_check_flips_on_its_planted_fault(healthy, small_sample, keys, chec
     assert check.status == expected, check
 
 
+def test_token_checks_count_the_datas_sequence_length(small_sample):
+    """data.source.seq_len=8 on a seq_len-64 model: 16 x 8 = 128 tokens a step (issue 25)."""
+    checks = by_id(run_checks(config("data.source.seq_len=8"), small_sample, LAPTOP))
+    assert checks["tokens_per_step"].value == 128
+    assert checks["optimizer_steps"].value == config()["budget"]["tokens"] / 128
+
+
 def test_sgd_has_its_own_lr_band(small_sample):
     sgd = config("optim=sgd", "optim.weight_decay=1e-4")
     assert status(sgd, small_sample, "lr_plausible") == "pass"  # lr 0.1

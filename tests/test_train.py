@@ -127,3 +127,27 @@ def test_system_metrics_are_recorded_on_the_job_run(workdir):
     metrics = MlflowClient(cfg.tracking.uri).get_run(result.run_id).data.metrics
     assert metrics["system/cpu_utilization_percentage"] >= 0
     assert metrics["system/system_memory_usage_megabytes"] > 0
+
+
+def test_tokens_are_counted_from_the_sequences_trained(workdir):
+    """data.source.seq_len=8 on a seq_len-64 model: 16 x 8 = 128 tokens a step, not 1024 (the
+    job once counted 8x the tokens it trained, stopped 8x early and put the MLflow step axis 8x
+    off)."""
+    cfg = job_config(workdir, "data.source.seq_len=8", "budget.eval_every_tokens=2048")
+    result = run(cfg)
+    assert result.status == "completed"
+    assert (result.steps, result.tokens) == (32, 4096)
+    steps = [s for s, _ in metric_history(cfg.tracking.uri, result.run_id, "train/loss")]
+    assert steps == [128 * k for k in range(1, 33)]
+    assert [s for s, _ in metric_history(cfg.tracking.uri, result.run_id, "eval/loss")] == [
+        2048,
+        4096,
+    ]
+    tags = MlflowClient(tracking_uri=cfg.tracking.uri).get_run(result.run_id).data.tags
+    assert tags["hyprun.tokens"] == "4096" and tags["hyprun.steps"] == "32"
+
+
+def test_sequences_longer_than_the_models_context_are_refused(workdir):
+    with pytest.raises(BadInput, match=r"data\.source\.seq_len=128 .*model\.seq_len=64"):
+        run(job_config(workdir, "data.source.seq_len=128"))
+    assert not (workdir / "mlflow.db").exists()

@@ -8,6 +8,7 @@ equal an unsharded run's at any ZeRO stage.
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import os
@@ -42,11 +43,13 @@ def full_param(param: torch.nn.Parameter) -> torch.Tensor:
 class Instruments:
     """The L1 probes of one job, configured by the `probes` group."""
 
-    def __init__(self, cfg: DictConfig, engine, precision: str, world: int):
+    def __init__(
+        self, cfg: DictConfig, engine, precision: str, world: int, seq_len: int | None = None
+    ):
         self.cfg, self.engine, self.world = cfg, engine, world
         self.model = engine.module
         self.named = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
-        self.flops_per_token = _flops_per_token(self.model)
+        self.flops_per_token = _flops_per_token(self.model, seq_len)
         self.peak = PeakFlops(engine.device, precision, cfg.peak_flops)
         self.loss_spikes = SpikeDetector()
         self.grad_spikes = SpikeDetector()
@@ -186,11 +189,15 @@ class Instruments:
         return {"perf/comm_frac": reduce / total} if total > 0 else {}
 
 
-def _flops_per_token(model: torch.nn.Module) -> float:
-    """The model's own count when it has one, else 6N (matmuls only)."""
-    if hasattr(model, "flops_per_token"):
-        return float(model.flops_per_token())
-    return 6.0 * sum(p.numel() for p in model.parameters())
+def _flops_per_token(model: torch.nn.Module, seq_len: int | None = None) -> float:
+    """The model's own count when it has one (its attention term at the `seq_len` trained,
+    when it takes one), else 6N (matmuls only)."""
+    count = getattr(model, "flops_per_token", None)
+    if count is None:
+        return 6.0 * sum(p.numel() for p in model.parameters())
+    if seq_len is not None and "seq_len" in inspect.signature(count).parameters:
+        return float(count(seq_len=seq_len))
+    return float(count())
 
 
 class PeakFlops:

@@ -47,16 +47,30 @@ console = Console(stderr=True, highlight=False, soft_wrap=True)
 
 @dataclass(frozen=True)
 class Plan:
-    """The token budget turned into steps for this batch geometry."""
+    """The token budget turned into steps for this batch geometry.
+
+    A token is a position of a sequence the data source draws: the data's sequence length,
+    which may be shorter than the model's context (data.source.seq_len=8 on a seq_len-64 model
+    trains 8 tokens a sequence; counting 64 put every count and the MLflow step axis 8x off)."""
 
     tokens_per_step: int
     total_steps: int
     eval_every_steps: int
     ckpt_every_steps: int  # 0: only on a stop signal
+    seq_len: int  # of the sequences trained on
 
     @classmethod
-    def of(cls, cfg: DictConfig, world: int) -> Plan:
-        tokens_per_step = cfg.ds.micro_batch * cfg.ds.grad_accum * world * cfg.model.seq_len
+    def of(cls, cfg: DictConfig, world: int, seq_len: int | None = None) -> Plan:
+        """`seq_len`: of the sequences the source draws (default: as the config says)."""
+        seq_len = seq_len or configured_seq_len(cfg)
+        context = OmegaConf.select(cfg, "model.seq_len")
+        if isinstance(context, int) and seq_len > context:
+            raise BadInput(
+                f"data.source.seq_len={seq_len} is longer than the model's context "
+                f"(model.seq_len={context}): set data.source.seq_len <= {context} or raise "
+                "model.seq_len"
+            )
+        tokens_per_step = cfg.ds.micro_batch * cfg.ds.grad_accum * world * seq_len
         if cfg.budget.tokens < tokens_per_step:
             raise BadInput(
                 f"budget.tokens={cfg.budget.tokens} is less than one optimizer step "
@@ -71,12 +85,25 @@ class Plan:
             total_steps=math.ceil(cfg.budget.tokens / tokens_per_step),
             eval_every_steps=steps(cfg.budget.eval_every_tokens),
             ckpt_every_steps=steps(cfg.checkpoint.every_tokens),
+            seq_len=seq_len,
         )
 
     @staticmethod
     def due(every: int, done: int) -> bool:
         """Whether an `every`-steps event (0 = never) falls after step `done`."""
         return bool(every) and done % every == 0
+
+
+def configured_seq_len(cfg: DictConfig) -> int:
+    """The data's sequence length as the config gives it, else the model's context."""
+    given = OmegaConf.select(cfg, "data.source.seq_len")
+    return int(given if given is not None else cfg.model.seq_len)
+
+
+def drawn_seq_len(source, seed: int) -> int:
+    """The length of the sequences `source` actually draws: training sequence 0's."""
+    x, _ = source.train(0, 1, seed)
+    return int(x.shape[-1])
 
 
 def run(cfg: DictConfig, on_eval: Callable[[int, float], bool] | None = None) -> JobResult:
@@ -89,7 +116,7 @@ def run(cfg: DictConfig, on_eval: Callable[[int, float], bool] | None = None) ->
     reachable(cfg.tracking.uri)
     source = _build("data.source", cfg.data.source)  # a missing file fails before DeepSpeed loads
     dist = distributed.init()
-    plan = Plan.of(cfg, dist.world)
+    plan = Plan.of(cfg, dist.world, drawn_seq_len(source, cfg.budget.data_seed))
     torch.manual_seed(cfg.budget.seed)
     model = _build("model", model_node(cfg.model))
     optimizer = build_optimizer(model, cfg.optim)
@@ -99,7 +126,7 @@ def run(cfg: DictConfig, on_eval: Callable[[int, float], bool] | None = None) ->
     )
     engine = build_engine(model, optimizer, scheduler, cfg.ds)
     # Before any checkpoint loads: the initial parameters are the reference for drift.
-    instruments = Instruments(cfg.probes, engine, cfg.ds.precision, dist.world)
+    instruments = Instruments(cfg.probes, engine, cfg.ds.precision, dist.world, plan.seq_len)
 
     ckpt = Checkpointer(cfg.checkpoint.dir, config_hash(cfg) + f"-w{dist.world}", dist.is_main)
     previous_run = ckpt.run_id() if cfg.checkpoint.resume == "auto" else None
@@ -369,10 +396,11 @@ def preflight(cfg: DictConfig, build_data: bool = False) -> None:
     its number, so bad input claims nothing. `build_data`: also open the data source (a test
     that changes data.*; the baseline's opened when it ran)."""
     validate(cfg)
-    Plan.of(cfg, world=1)
-    check_extra(cfg.ds)
+    seq_len = None
     if build_data:
-        _build("data.source", cfg.data.source)
+        seq_len = drawn_seq_len(_build("data.source", cfg.data.source), cfg.budget.data_seed)
+    Plan.of(cfg, world=1, seq_len=seq_len)
+    check_extra(cfg.ds)
     model_cfg = _probe_model(cfg.model)
     with torch.device("meta"):
         model = _build("model", model_cfg)
@@ -483,7 +511,8 @@ def main() -> None:
         try:
             cfg = compose(args)
             validate(cfg)
-            _build("data.source", cfg.data.source)  # Hydra writes its run folder before run()
+            source = _build("data.source", cfg.data.source)  # Hydra writes its folder first
+            Plan.of(cfg, world=1, seq_len=drawn_seq_len(source, cfg.budget.data_seed))
             model_node(cfg.model)
         except BadInput as error:
             console.print(f"hyprun: {error}", markup=False)
