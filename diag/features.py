@@ -275,6 +275,27 @@ def _step_scan(ev: Evidence, out: Features) -> None:
     )
 
 
+SCAN_BATCH_LOSS = "step/loss_x0"
+"""The step scan's read at 0x the step: the loss on one fixed held-out micro-batch at the
+weights each probe found, before its step."""
+
+
+def _heldout_oscillation(ev: Evidence, out: Features) -> None:
+    """Probe-to-probe scatter of the loss on the fixed held-out batch, as a share of its scale.
+    The train loss scatters from step to step for two reasons: every step draws a different
+    batch (that noise grows as the batch shrinks), and the weights themselves bounce (an LR too
+    high). The same batch read at every probe carries only the second."""
+    fixed = _finite(ev.points(SCAN_BATCH_LOSS))
+    swing = S.oscillation(fixed)
+    if swing is None:
+        return
+    out["heldout_loss_oscillation"] = Feature(
+        swing,
+        f"loss on the fixed held-out batch ({SCAN_BATCH_LOSS}, {len(fixed)} probes): local "
+        f"scatter {_g(S.local_noise(fixed))} is {swing:.3g} of the curve's scale (range or level)",
+    )
+
+
 def _per_layer(
     ev: Evidence,
     out: Features,
@@ -532,6 +553,7 @@ NEEDS = {
     "step/loss_x<multiple> (probes.step_scan, 3+ probes at half the peak LR) and train/lr": (
         "step_best_multiple"
     ),
+    "step/loss_x0 (probes.step_scan, 8+ probes)": "heldout_loss_oscillation",
     "attn/entropy/blocks.<i> (the built-in GPT's attention capture)": "attn_entropy_min",
     "moe/imbalance/blocks.<i> (an MoE model)": "moe_imbalance_max",
     "moe/aux_loss (an MoE model)": "moe_aux_loss",
@@ -573,6 +595,7 @@ def features(evidence: Evidence) -> Features:
         _gradients,
         _parameters,
         _step_scan,
+        _heldout_oscillation,
         _architecture,
         _eval,
         _efficiency,
