@@ -8,6 +8,11 @@ metric's direction (loss: lower, throughput: higher), which the verdict has alre
 the sign is never flipped to mean "better". The CLI, the MLflow run names and metrics, the
 report and the escalation all print it through `describe`.
 
+A verdict is named by the number that decided it: a test rejected because a guard regressed
+(`ds.micro_batch=32` faster but worse on eval/loss) is shown as `guard eval/loss +4.2% ± 0.37%`,
+not by its primary metric, which did not decide it. A verdict's `z` (and a guard's) keeps the
+rule's sign, positive = better, an early rejection's too.
+
 (diag/verdict.py's internal `effect` is the direction-aware improvement, positive = better, which
 its rule compares with min_effect; `change` converts.)
 """
@@ -49,8 +54,24 @@ def percent(value: float, signed: bool = True) -> str:
     return f"{sign}{text}%"
 
 
+def deciding_guard(verdict: dict[str, Any]) -> dict[str, Any] | None:
+    """The guard whose regression rejected the test (the decision's first rule), as a verdict
+    of its own (metric, both means, noise, z, effect); None when the primary decided."""
+    if verdict.get("status") != "rejected":
+        return None
+    guard = next((g for g in verdict.get("guards") or [] if g.get("regressed")), None)
+    if guard is None:
+        return None
+    keys = {"baseline": "baseline_value", "test": "test_value"}
+    return {keys.get(key, key): value for key, value in guard.items()}
+
+
 def describe(verdict: dict[str, Any]) -> str:
-    """`eval/loss −3.2% ± 0.2%` — or, without compared values, what happened instead."""
+    """`eval/loss −3.2% ± 0.2%` — or `guard eval/loss +4.2% ± 0.37%` when a guard's regression
+    rejected it, or, without compared values, what happened instead."""
+    guard = deciding_guard(verdict)
+    if guard is not None:
+        return f"guard {describe(guard)}"
     metric = verdict.get("metric") or "eval/loss"
     moved = change(verdict)
     if moved is not None:
@@ -58,7 +79,8 @@ def describe(verdict: dict[str, Any]) -> str:
         spread = f" ± {percent(noise, signed=False)}" if _finite(noise) else ""
         return f"{metric} {percent(moved)}{spread}"
     if verdict.get("early"):
-        return f"stopped early at {int(verdict.get('tokens') or 0):,} tokens"
+        unit = verdict.get("unit") or "tokens"
+        return f"stopped early at {int(verdict.get('tokens') or 0):,} {unit}"
     if "diverged" in str(verdict.get("reason", "")):
         return f"{metric} diverged"
     return f"{metric}: no comparison"

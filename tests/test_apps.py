@@ -5,6 +5,7 @@ nothing comparable as an error. Real Hydra, MLflow and sqlite; the app is plain 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
@@ -184,3 +185,35 @@ def test_a_sweep_searches_one_key_of_the_apps_tree(here):
     assert test.variable == "opt.lr" and test.verdict == "confirmed", test.tags["hyprun.reason"]
     assert "val/loss" in test.tags["hyprun.reason"] and "best opt.lr=" in test.tags["hyprun.reason"]
     assert run_cli("sweep", "max_steps=range(10, 40)", "--trials", "2", "--why", WHY) == 2
+
+
+def test_an_app_counted_in_steps_is_reported_in_steps_and_its_run_says_where_it_stands(
+    here, capsys
+):
+    """The toy app's metric step counts steps: no number is labelled tokens (report, status,
+    tags), and its investigation's run, fixed by H1 and then escalated, says escalated."""
+    assert run_cli("baseline", "--app", APP, "--seeds", "2", "--investigation", "steps") == 0
+    assert run_cli("test", "opt.lr=0.2", "--why", WHY) == 0  # confirmed: faster
+    for slower in ("opt.lr=0.001", "opt.lr=0.0005", "opt.lr=0.0002"):
+        assert run_cli("test", slower, "--why", WHY) == 0
+    store = Store(f"sqlite:///{here}/mlflow.db", "hyprun")
+    state = store.find_any("steps")
+    assert [t.verdict for t in state.tests] == ["confirmed", "rejected", "rejected", "rejected"]
+    assert state.escalated
+    name = store.run(state.run_id).info.run_name
+    assert name == "steps · escalated after 3 rejections since H1's fix", name
+
+    seed = store.run(state.baseline["seed_runs"][0]).data.tags
+    assert seed["hyprun.steps"] == "40" and "hyprun.tokens" not in seed  # no 0 tokens
+    capsys.readouterr()
+    assert run_cli("status", "--investigation", "steps", "--json") == 0
+    rows = json.loads(capsys.readouterr().out)["tests"]
+    assert [r["spent"] for r in rows] == ["80 steps"] * 4, rows
+
+    assert run_cli("report", "--investigation", "steps") == 0
+    md = (here / ".hyprun" / "reports" / "steps" / "report.md").read_text()
+    assert "- **Steps on tests**: 320 spent" in md
+    assert "| steps spent | steps saved |" in md and "tokens" not in md.lower(), md
+    assert "| val/loss 3.771 → 1.003 at 40 steps | 80 | 0 (0%) | 2 |" in md
+    plots = [line for line in md.splitlines() if line.startswith("![")]
+    assert len(plots) == len(set(plots)), plots

@@ -12,6 +12,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from runner.cli.main import main as hyprun
+from runner.cli.report import write_report
 from runner.control import controller
 from runner.control.controller import Refused, claim, record_baseline
 from runner.control.notify import notify
@@ -210,6 +211,16 @@ def test_clearly_worse_test_is_rejected_early(store, workdir):
     state = store.find("healthy")
     assert state.strikes == 1 and state.tests[0].tags["hyprun.early"] == "true"
     assert len(store.seed_runs(state.tests[0].run_id)) == 1  # the second seed never started
+    # One sign convention: a verdict's z is positive when better, an early rejection's too.
+    assert verdict["z"] < 0 and verdict["effect"] < 0, verdict
+    # It ran one seed of the two planned, and says so, with what it spent and saved.
+    tags = state.tests[0].tags
+    assert state.tests[0].seeds_shown == "1 of 2", tags
+    saved = f"{verdict['tokens_saved']:.0%}"
+    assert tags["hyprun.spent"] == f"{verdict['tokens_spent']:,} tokens ({saved} saved)", tags
+    markdown, _ = write_report(store, state, workdir / "report")
+    [row] = [line for line in markdown.read_text().splitlines() if line.startswith("| H1 ")]
+    assert "(worse, " in row and "better" not in row and "| 1 of 2 |" in row, row
 
 
 def test_parallel_claims_never_exceed_the_strikes_left(store, low_lr):

@@ -46,3 +46,21 @@ def test_formatting():
     assert metric_key("eval/loss") == "eval_loss" and metric_key("perf/tokens per s") == (
         "perf_tokens_per_s"
     )
+
+
+def test_a_guard_rejection_is_named_by_the_guard_that_decided_it():
+    """Demo H3: faster (the primary, within its noise) but worse on the eval/loss guard: the
+    verdict is the guard's, so its name is the guard's number, not the throughput's."""
+    throughput = MetricSpec("perf/tokens_per_s", "max")
+    loss = MetricSpec("eval/loss", "min")
+    verdict = compare(
+        runs([100.0, 130.0, 70.0]),
+        runs([140.0, 100.0, 160.0]),
+        throughput,
+        [loss],
+        {"eval/loss": runs([4.80, 4.82, 4.84])},
+        {"eval/loss": runs([5.02, 5.04, 5.06])},
+    ).to_dict()
+    assert verdict["status"] == "rejected" and verdict["guards"][0]["regressed"], verdict
+    assert change(verdict) == pytest.approx(1 / 3)  # the primary's change, as its metric logs it
+    assert describe(verdict) == "guard eval/loss +4.6% ± 0.34%"

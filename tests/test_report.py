@@ -204,16 +204,20 @@ def _investigation(store: Store, out: Path) -> tuple[Store, State, Path]:
     )
     for seed in (0, 1):
         seed_run(store, h1, seed, 5.0, primary="perf/tokens_per_s")
-    early = {
+    early = {  # as early rejection stored it: z > 0 counted sigmas worse
         "status": "rejected",
         "early": True,
         "reason": "rejected early: worse",
-        "effect": None,
-        "noise": None,
-        "z": 9.5,
+        "metric": "eval/loss",
+        "effect": -0.11,
+        "noise": 0.0056,
+        "z": 20.5,
+        "baseline_value": 5.2,
+        "test_value": 5.772,
         "tokens": 2048,
     }
-    h2 = add_test(store, parent, 2, ["optim.lr=1e-7"], early)
+    stopped = {"hyprun.seeds": "2", "hyprun.seeds_run": "1", "hyprun.stopped": "rejected early"}
+    h2 = add_test(store, parent, 2, ["optim.lr=1e-7"], early, stopped)
     seed_run(store, h2, 0, 5.9, tokens=2048)
     h3 = add_test(store, parent, 3, ["optim.lr=choice(1e-4, 3e-3)"], None)
     trials = [store.child(h3, f"H3.{t}", {"hyprun.role": "trial"}) for t in (0, 1)]
@@ -241,6 +245,32 @@ def _investigation(store: Store, out: Path) -> tuple[Store, State, Path]:
     }
     store.text(h3, json.dumps(swept), "verdict.json")
     add_test(store, parent, 4, ["model.norm=rmsnorm"], None)
+    guarded = {  # demo H3: faster within its noise, rejected for its eval/loss regression
+        "status": "rejected",
+        "reason": "guard eval/loss regressed",
+        "metric": "perf/tokens_per_s",
+        "effect": 0.355,
+        "noise": 0.13,
+        "z": 2.8,
+        "baseline_value": 19360.0,
+        "test_value": 26236.0,
+        "tokens": 4096,
+        "guards": [
+            {
+                "metric": "eval/loss",
+                "direction": "min",
+                "baseline": 4.839,
+                "test": 5.043,
+                "effect": -0.042,
+                "noise": 0.0037,
+                "z": -11.5,
+                "regressed": True,
+            }
+        ],
+    }
+    h5 = add_test(store, parent, 5, ["ds.micro_batch=32"], guarded, {"hyprun.seeds": "2"})
+    for seed in (0, 1):
+        seed_run(store, h5, seed, 5.6)
     state = store.find("inv")
     write_report(store, state, out)
     return store, state, out
@@ -269,9 +299,10 @@ def test_the_report_holds_every_section_with_the_tests_numbers(report):
         "25% faster | perf/tokens_per_s 100 → 124 at 4,096 tokens | 8,192 | "
         "0 (0%) | 2 | decided in round 1 |"
     )
+    # Early rejection: worse, on the one seed it ran (of the 2 planned), not "better" x 2 seeds.
     assert rows["| H2"] == (
-        "| H2 | `optim.lr=1e-7` | rejected | — | — | stopped at 2,048 tokens "
-        "(z 9.5) | 2,048 | 6,144 (75%) | 1 | rejected early |"
+        "| H2 | `optim.lr=1e-7` | rejected | eval/loss +11% ± 0.56% (worse, 20.5σ) | — | "
+        "stopped at 2,048 tokens (worse, 20.5σ) | 2,048 | 6,144 (75%) | 1 of 2 | rejected early |"
     )
     # A sweep of 2 trials x 2 seeds: one trial pruned after 1,024 tokens, the best ran out.
     assert rows["| H3"].startswith(
@@ -282,7 +313,12 @@ def test_the_report_holds_every_section_with_the_tests_numbers(report):
     assert rows["| H4"] == (
         "| H4 | `model.norm=rmsnorm` | running | — | — | — | 0 | 0 (0%) | — | — |"
     )
-    assert "- **Tokens on tests**: 19,456 spent, 13,312 saved" in md
+    # A guard's rejection is named by the guard's number, which decided it.
+    assert rows["| H5"] == (
+        "| H5 | `ds.micro_batch=32` | rejected | guard eval/loss +4.2% ± 0.37% (worse, 11.5σ) | "
+        "— | eval/loss 4.839 → 5.043 at 4,096 tokens | 8,192 | 0 (0%) | 2 | — |"
+    )
+    assert "- **Tokens on tests**: 27,648 spent, 13,312 saved" in md
     assert '- **H2**: I think <b>the LR</b> is "off" \\| because & flat → rejected early' in md
 
     images = sorted(p.name for p in out.glob("*.png"))
@@ -309,11 +345,12 @@ def test_the_html_page_is_escaped_and_self_contained(report):
     assert all((out / src).is_file() for src in parsed.images)  # relative paths, beside it
     assert "http" not in "".join(parsed.images)
     cells = {r[0]: r for r in parsed.rows if r and r[0].startswith("H")}
-    assert [cells[f"H{n}"][2] for n in (1, 2, 3, 4)] == [
+    assert [cells[f"H{n}"][2] for n in (1, 2, 3, 4, 5)] == [
         "confirmed",
         "rejected",
         "confirmed",
         "running",
+        "rejected",
     ]
     assert 'class="confirmed"' in text and 'class="fail"' in text
 

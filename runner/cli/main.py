@@ -185,7 +185,8 @@ def cmd_status(args: argparse.Namespace) -> int:
             "card": t.card,
             "verdict": t.verdict,
             "effect": t.tags.get("hyprun.effect", ""),
-            "seeds": t.tags.get("hyprun.seeds", ""),
+            "seeds": t.seeds_shown,
+            "spent": t.tags.get("hyprun.spent", ""),
             "stopped": t.tags.get("hyprun.stopped", "")
             or (f"round {t.tags['hyprun.round']}" if "hyprun.round" in t.tags else ""),
             "reason": t.tags.get("hyprun.reason", ""),
@@ -209,7 +210,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     title = f"{state.name}: {state.strikes} strike(s)" + (" — escalated" if state.escalated else "")
     title = escape(title)  # names and deltas are the user's text, not rich markup
     table = Table(title=title, title_justify="left")
-    columns = ["test", "delta", "verdict", "effect", "seeds", "stopped", "reason"]
+    columns = ["test", "delta", "verdict", "effect", "seeds", "spent", "stopped", "reason"]
     columns += ["slurm"] if jobs else []
     for column in columns:
         table.add_column(column, overflow="fold")

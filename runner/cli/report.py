@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 
 from matplotlib.figure import Figure
 
-from diag.effect import change, describe, metric_key
+from diag.effect import change, deciding_guard, describe, metric_key
 from diag.schema import QUESTIONS
 from runner import markdown
 from runner.store.investigation import STRIKES, State, Store, Test
@@ -38,18 +38,24 @@ PLOTS = {  # metric -> file stem; each test's primary metric is added when it is
     "grad/norm": "grad_norm",
     "perf/data_wait_frac": "data_wait",
 }
-HYPOTHESIS_HEAD = [
-    "test",
-    "delta",
-    "verdict",
-    "effect: change vs baseline ± noise",
-    "claimed",
-    "measured",
-    "tokens spent",
-    "tokens saved",
-    "seeds per side",
-    "why it stopped",
-]
+
+
+def hypothesis_head(unit: str) -> list[str]:
+    """The hypothesis table's columns; `unit`: what the primary metric's step counts."""
+    return [
+        "test",
+        "delta",
+        "verdict",
+        "effect: change vs baseline ± noise",
+        "claimed",
+        "measured",
+        f"{unit} spent",
+        f"{unit} saved",
+        "seeds per side",
+        "why it stopped",
+    ]
+
+
 STATUS_ORDER = {"fail": 0, "warn": 1, "pass": 2, "skip": 3}
 NOISE = ("eval/loss", "train/loss", "perf/tokens_per_s")
 """Headline metrics whose seed mean and std record_baseline logs on the parent run."""
@@ -101,7 +107,8 @@ def write_report(store: Store, state: State, out: Path) -> tuple[Path, Path]:
     report = gather(store, state)
     metrics = dict(PLOTS)
     for primary in report.primaries:
-        metrics.setdefault(primary, re.sub(r"[^A-Za-z0-9]+", "_", primary).strip("_"))
+        if primary not in metrics:
+            metrics[primary] = _unique_stem(primary, set(metrics.values()))
     report.images = [
         p
         for metric, stem in metrics.items()
@@ -115,6 +122,16 @@ def write_report(store: Store, state: State, out: Path) -> tuple[Path, Path]:
     return markdown, page
 
 
+def _unique_stem(metric: str, taken: set[str]) -> str:
+    """A plot's file name for `metric` that no other plot has: an app's `eval_loss` beside
+    our eval/loss gets `eval_loss_2`, not the same file listed twice."""
+    stem = base = re.sub(r"[^A-Za-z0-9]+", "_", metric).strip("_") or "metric"
+    number = 2
+    while stem in taken:
+        stem, number = f"{base}_{number}", number + 1
+    return stem
+
+
 # ------------------------------------------------------------------------------------ gathering
 
 
@@ -123,14 +140,14 @@ def gather(store: Store, state: State) -> Report:
     parent = store.run(state.run_id)
     diagnosis = store.json_artifact(state.run_id, "diagnosis.json") or {}
     budget = _budget(store, state)
-    rows = [_test_row(store, t, budget, state.baseline) for t in state.tests]
+    rows = [_test_row(store, t, budget, state) for t in state.tests]
     hypotheses = Table(
         "Hypotheses",
-        HYPOTHESIS_HEAD,
+        hypothesis_head(state.unit),
         [r.cells for r in rows],
         empty="no hypothesis tested yet",
         code=(1,),
-        intro="Each test against the baseline's seeds, at matched tokens.",
+        intro=f"Each test against the baseline's seeds, at matched {state.unit}.",
     )
     tables = [
         _static_table(diagnosis.get("static", [])),
@@ -181,7 +198,10 @@ def _facts(state: State, parent, diagnosis: dict, rows: list[TestRow]) -> list[t
     spent = sum(r.spent for r in rows)
     saved = sum(r.saved for r in rows)
     facts.append(
-        ("Tokens on tests", f"{spent:,} spent, {saved:,} saved by early stops and pruning")
+        (
+            f"{state.unit.capitalize()} on tests",
+            f"{spent:,} spent, {saved:,} saved by early stops and pruning",
+        )
     )
     for reset in state.resets:
         facts.append(("Reset", f"by {reset['by']}: {reset['reason']}"))
@@ -255,14 +275,16 @@ def _features_table(features: dict[str, dict]) -> Table:
     )
 
 
-def _test_row(store: Store, test: Test, budget: int | None, baseline: dict | None) -> TestRow:
-    """One test's row: its verdict.json, its metrics and the tokens its seed jobs trained."""
-    verdict = _verdict(store, test)
+def _test_row(store: Store, test: Test, budget: int | None, state: State) -> TestRow:
+    """One test's row: its verdict.json, its metrics and the tokens (or an app's steps) its
+    seed jobs trained."""
+    recorded = _verdict(store, test)
+    verdict = {"unit": state.unit, **recorded} if recorded else {}
     shown = _effect(verdict, store.run(test.run_id).data.metrics) if verdict else "—"
     jobs = store.jobs_below(test.run_id)
-    spent = sum(int(r.data.tags.get("hyprun.tokens", 0)) for r in jobs)
+    spent = sum(int(float(r.data.tags.get(f"hyprun.{state.unit}", 0))) for r in jobs)
     trials = max(1, len(verdict.get("trials", [])))
-    seeds = (baseline or {}).get("seeds", len(jobs))
+    seeds = int(test.tags.get("hyprun.seeds") or (state.baseline or {}).get("seeds", len(jobs)))
     planned = budget * seeds * trials if budget else spent
     decided = test.verdict in ("confirmed", "rejected", "inconclusive")
     saved = max(0, planned - spent) if decided else 0
@@ -278,7 +300,7 @@ def _test_row(store: Store, test: Test, budget: int | None, baseline: dict | Non
         _measured(verdict),
         f"{spent:,}",
         f"{saved:,} ({saved / planned:.0%})" if planned else "0",
-        test.tags.get("hyprun.seeds") or str(len(store.seed_runs(test.run_id)) or "—"),
+        test.seeds_shown or str(len(store.seed_runs(test.run_id)) or "—"),
         test.tags.get("hyprun.stopped") or ("rejected early" if verdict.get("early") else "—"),
     ]
     primary = verdict.get("metric") or "eval/loss"
@@ -286,29 +308,43 @@ def _test_row(store: Store, test: Test, budget: int | None, baseline: dict | Non
 
 
 def _effect(verdict: dict[str, Any], metrics: dict[str, float]) -> str:
-    """`eval/loss −3.2% ± 0.2% (better, 9.1σ)`: the change as measured (diag/effect.py's one
-    sign convention), then whether that is better for the metric and how many sigmas."""
+    """`eval/loss −3.2% ± 0.2% (better, 9.1σ)`: the number that decided the verdict (the
+    primary's change, or a guard's that rejected it), as measured (diag/effect.py's one sign
+    convention), then whether that is better for the metric and how many sigmas."""
     if verdict.get("noise") is None:  # older runs: the noise only as the test run's metric
         key = metric_key(verdict.get("metric") or "eval/loss")
         verdict = {**verdict, "noise": metrics.get(f"noise/{key}", metrics.get("noise"))}
-    if change(verdict) is None:
+    decided = deciding_guard(verdict) or verdict
+    if change(decided) is None:
         return "—"  # nothing compared; `measured` says where it stopped
-    shown = describe(verdict)
-    z = verdict.get("z")
-    if isinstance(z, int | float):
-        shown += f" ({'better' if z > 0 else 'worse' if z < 0 else 'no change'}, {abs(z):.1f}σ)"
-    return shown
+    return f"{describe(verdict)} ({_better(decided)})"
+
+
+def _better(verdict: dict[str, Any]) -> str:
+    """`better, 9.1σ`: the word from the improvement's sign (positive = better, whatever the
+    metric's direction), so a verdict that stored its z another way still reads right."""
+    effect, z = verdict.get("effect"), verdict.get("z")
+    sign = effect if isinstance(effect, int | float) and effect == effect else z
+    if verdict.get("early"):
+        sign = -1.0  # early rejection stops only a worse test (older runs stored z > 0)
+    if not isinstance(sign, int | float):
+        return "no z"
+    word = "better" if sign > 0 else "worse" if sign < 0 else "no change"
+    return f"{word}, {abs(z):.1f}σ" if isinstance(z, int | float) else word
 
 
 def _measured(verdict: dict[str, Any]) -> str:
-    """The primary metric on both sides at the matched tokens, or where an early stop fired."""
+    """The deciding metric on both sides at the matched tokens (an app's steps), or where an
+    early stop fired."""
+    unit = verdict.get("unit") or "tokens"
     if verdict.get("early"):
-        return f"stopped at {verdict.get('tokens', 0):,} tokens (z {_num(verdict.get('z'))})"
-    if verdict.get("baseline_value") is None or verdict.get("test_value") is None:
+        return f"stopped at {verdict.get('tokens', 0):,} {unit} ({_better(verdict)})"
+    decided = deciding_guard(verdict) or verdict
+    if decided.get("baseline_value") is None or decided.get("test_value") is None:
         return "—"
     return (
-        f"{verdict.get('metric', '')} {_num(verdict['baseline_value'])} → "
-        f"{_num(verdict['test_value'])} at {verdict.get('tokens', 0):,} tokens"
+        f"{decided.get('metric', '')} {_num(decided['baseline_value'])} → "
+        f"{_num(decided['test_value'])} at {verdict.get('tokens', 0):,} {unit}"
     )
 
 
@@ -387,7 +423,7 @@ def plot(store: Store, state: State, metric: str, path: Path) -> Path | None:
             ax.fill_between(band[0], band[2], band[3], alpha=0.1, color=line.get_color())
     if ax.get_ylim()[0] > 0 and ax.get_ylim()[1] > 1e3 * ax.get_ylim()[0]:
         ax.set_yscale("log")  # a test far off the baseline: both still readable
-    ax.set_xlabel("tokens seen")
+    ax.set_xlabel(f"{state.unit} seen" if state.unit == "tokens" else state.unit)
     ax.set_ylabel(metric)
     ax.set_title(f"{state.name}: {metric}")
     ax.legend(fontsize=7)

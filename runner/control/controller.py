@@ -254,12 +254,16 @@ def settle(store: Store, state: State) -> State:
 
 
 def headline(state: State) -> str:
-    """The investigation at a glance: its fix, or its escalation, or its strikes so far."""
+    """The investigation at a glance, as it stands now: its escalation (even after an earlier
+    fix: three rejections since are the latest word), or its fix, or its strikes so far."""
+    if state.escalated:
+        since = f" since H{state.confirmed[-1].number}'s fix" if state.confirmed else ""
+        return f"escalated after {state.strikes} rejections{since}"
     if state.confirmed:
         fix = state.confirmed[-1]
-        return f"fixed by H{fix.number} {' '.join(fix.fix)} ({fix.tags.get('hyprun.effect', '')})"
-    if state.escalated:
-        return f"escalated after {state.strikes} rejections"
+        since = f"; {state.strikes}/{STRIKES} strikes since" if state.strikes else ""
+        effect = fix.tags.get("hyprun.effect", "")
+        return f"fixed by H{fix.number} {' '.join(fix.fix)} ({effect}){since}"
     running = sum(t.verdict == "running" for t in state.tests)
     done = f"{len(state.tests) - running} tested, {state.strikes}/{STRIKES} strikes"
     return done + (f", {running} running" if running else "")
@@ -609,7 +613,7 @@ def in_rounds(
     design, cap = designed
     watch = EarlyRejection(store, primary)
     done = finished_seeds(store, test_run)  # a resumed test does not rerun finished seeds
-    spent = {"test": sum(r.tokens for r in done.values()), "baseline": 0}
+    spent = {"test": sum(r.trained(state.unit) for r in done.values()), "baseline": 0}
     for look, seeds in enumerate(design.seeds):
         store.tag(test_run, {"hyprun.round": f"{look + 1}/{len(design.seeds)}"})
         configs = seed_configs(
@@ -630,7 +634,7 @@ def in_rounds(
             store, state, test_run, launcher, jobs, seeds, lambda: watch.stop is not None
         )
         spent["baseline"] += baseline_tokens
-        spent["test"] += sum(r.tokens for r in ran.values())
+        spent["test"] += sum(r.trained(state.unit) for r in ran.values())
         done.update({s: r for s, r in ran.items() if r.status in ("completed", "diverged")})
         # this look's seeds only: a resumed test may hold seeds of a later round already
         results = [done.get(s) or ran[s] for s in range(seeds) if s in done or s in ran]
@@ -710,7 +714,7 @@ def run_round(
                 if job.group == "baseline":
                     key = baseline_seed_key(state.baseline["config_hash"], job.seed)
                     store.once(state.run_id, key, outcome.run_id)
-                    baseline_tokens += outcome.tokens
+                    baseline_tokens += outcome.trained(state.unit)
                 else:
                     ran[job.seed] = outcome
         test_jobs = []
@@ -855,7 +859,14 @@ def aggregates(verdict: dict[str, Any]) -> dict[str, float]:
     Effect and noise are logged on every decided test, NaN where a diverged one has none, so
     the runs table sorted by effect lists every test."""
     key = metric_key(verdict.get("metric") or DEFAULT_PRIMARY.metric)
-    found = {f"effect/{key}": change(verdict)}
+    found = {}
+    for guard in verdict.get("guards") or []:  # a guard's own column: it may have decided
+        guard_key = metric_key(guard["metric"])
+        found[f"effect/{guard_key}"] = change(
+            {"baseline_value": guard.get("baseline"), "test_value": guard.get("test")}
+        )
+        found[f"noise/{guard_key}"] = guard.get("noise")
+    found[f"effect/{key}"] = change(verdict)
     found |= {f"{prefix}/{key}": verdict.get(field) for field, prefix in VERDICT_NUMBERS.items()}
     found["tokens_saved_frac"] = verdict.get("tokens_saved")
     numbers = {
@@ -867,10 +878,28 @@ def aggregates(verdict: dict[str, Any]) -> dict[str, float]:
 
 
 def rounds_tags(verdict: dict[str, Any]) -> dict[str, str]:
-    """How many seeds per side the test took and why it stopped (status and report show them)."""
+    """How many seeds per side the test's last look planned, how many of its seeds trained (an
+    early rejection stops before the rest start) and why it stopped (status and report show
+    them: `Test.seeds_shown`)."""
     if "seeds" not in verdict:
         return {}
-    return {"hyprun.seeds": str(verdict["seeds"]), "hyprun.stopped": verdict["stopped"]}
+    return {
+        "hyprun.seeds": str(verdict["seeds"]),
+        "hyprun.seeds_run": str(verdict.get("seeds_run", verdict["seeds"])),
+        "hyprun.stopped": verdict["stopped"],
+    }
+
+
+def spent_tags(verdict: dict[str, Any]) -> dict[str, str]:
+    """What the test's own seeds trained, in its metric's unit, and the share of the plan an
+    early stop saved (`hyprun.spent`, a column of status)."""
+    if "tokens_spent" not in verdict:
+        return {}
+    text = f"{int(verdict['tokens_spent']):,} {verdict.get('unit') or 'tokens'}"
+    saved = verdict.get("tokens_saved")
+    if isinstance(saved, float) and saved > 0:
+        text += f" ({saved:.0%} saved)"
+    return {"hyprun.spent": text}
 
 
 def run_name(label: str, verdict: dict[str, Any]) -> str:
@@ -888,6 +917,7 @@ def record_verdict(
     extra: dict[str, str],
 ) -> Outcome:
     """Write a test's verdict on its run, update the investigation, escalate on the last strike."""
+    verdict = {**verdict, "unit": state.unit}  # what its `tokens` count: an app's may be steps
     store.tag(
         test_run,
         {
@@ -897,6 +927,7 @@ def record_verdict(
             "hyprun.effect": describe(verdict),
             "hyprun.early": str(bool(verdict.get("early"))).lower(),
             **rounds_tags(verdict),
+            **spent_tags(verdict),
             **extra,
         },
     )
@@ -934,10 +965,12 @@ class EarlyRejection:
         self.design: Design | None = None
         self.stop = None
         self.budget = 0
+        self.unit = "tokens"
 
     def start_round(self, state: State, design: Design, baseline_seeds: list[int]) -> None:
         """The baseline seeds recorded when the round starts are the band it is held to."""
         self.design = design
+        self.unit = state.unit
         if self.enabled:
             runs = [state.baseline_run(s) for s in baseline_seeds]
             self.baseline = seed_curves(self.store, runs, self.primary.metric)
@@ -957,7 +990,7 @@ class EarlyRejection:
         return on_eval
 
     def verdict(self, results: list[JobResult], seeds: int) -> dict[str, Any]:
-        spent = sum(r.tokens for r in results)
+        spent = sum(r.trained(self.unit) for r in results)
         saved = 1.0 - spent / (self.budget * seeds)
         reason = f"rejected early: {self.stop.reason}"
         return {
@@ -966,10 +999,12 @@ class EarlyRejection:
             "early": True,
             "metric": self.primary.metric,
             "reason": reason,
-            "z": self.stop.z,
+            # a verdict's z is effect / noise, positive = better; the stop counts sigmas worse
+            "z": -self.stop.z,
             "tokens": self.stop.tokens,
             "tokens_spent": spent,
             "tokens_saved": saved,
+            "seeds_run": len(results),  # the seeds that trained before the stop, not the plan
         }
 
     def numbers(self) -> dict[str, Any]:

@@ -18,3 +18,8 @@ class JobResult:
     eval_loss: float | None
     stopped_by: str | None = None
     """The signal that interrupted the job (SIGTERM, SIGUSR1, SIGUSR2), if one did."""
+
+    def trained(self, unit: str) -> int:
+        """How far the job trained, in the unit its metric's step counts (`tokens` for our
+        job; an app declares `tokens` or `steps` and reports only that one)."""
+        return self.steps if unit == "steps" else self.tokens

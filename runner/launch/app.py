@@ -323,7 +323,8 @@ def _read_back(app: HydraApp, uri: str, run_id: str, code: int, reason: str) -> 
         status = "completed" if math.isfinite(points[-1][1]) else "diverged"
     last = points[-1][0] if points else 0
     steps, tokens = (last, 0) if metric.step == "steps" else (0, last)
-    tags = {"hyprun.outcome": status, "hyprun.steps": steps, "hyprun.tokens": tokens}
+    # only the count the app's metric step measures: a 0 in the other would read as measured
+    tags = {"hyprun.outcome": status, f"hyprun.{metric.step}": last}
     ended = {"completed": "FINISHED", "diverged": "FAILED"}.get(status, "KILLED")
     app_runs.finish_seed_run(uri, run_id, tags, ended)
     value = points[-1][1] if points else None

@@ -78,6 +78,13 @@ class Test:
         """The run whose seed jobs hold the evidence: the test's own, or a sweep's best trial."""
         return self.tags.get("hyprun.best_run", self.run_id)
 
+    @property
+    def seeds_shown(self) -> str:
+        """Seeds per side as status and the report show them: `3`, or `1 of 3` when an early
+        rejection stopped the test before its other seeds started; "" while undecided."""
+        planned, ran = self.tags.get("hyprun.seeds", ""), self.tags.get("hyprun.seeds_run")
+        return f"{ran} of {planned}" if ran and planned and ran != planned else planned
+
 
 @dataclass
 class State:
@@ -94,6 +101,13 @@ class State:
     findings: list[dict[str, Any]] = field(default_factory=list)
     """Triage's top findings on the baseline, most likely first: {id, cause, first_action,
     cards, variables} (the cards that test each, and the config keys those cards change)."""
+
+    @property
+    def unit(self) -> str:
+        """What the primary metric's step counts, so every number at a step is named by it:
+        `tokens` for our job, an app's declared `metric.step` (`steps` for most trainers)."""
+        app = (self.baseline or {}).get("app") or {}
+        return ((app.get("declaration") or {}).get("metric") or {}).get("step") or "tokens"
 
     def baseline_run(self, seed: int) -> str | None:
         """The run of baseline seed `seed`: recorded with the baseline, or added later by a
