@@ -2,11 +2,24 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
+from runner.job import threads
 from tests.helpers import free_port, start_mlflow_server
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist each worker trains on its part of the CPU share: the workers' jobs,
+    in-process and in subprocesses (which inherit it), run OMP_NUM_THREADS = share / workers
+    unless the environment already sets it. Two workers of two threads each on 2 cores only
+    fought (make test-fast took 20 min at load ~11 against 3 idle)."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1 and "OMP_NUM_THREADS" not in os.environ:
+        share = threads.cpu_share().count
+        os.environ["OMP_NUM_THREADS"] = str(max(1, share // workers))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -41,12 +54,14 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory):
 
 
 @pytest.fixture
-def one_torch_thread():
+def one_torch_thread(monkeypatch: pytest.MonkeyPatch):
     """One intra-op thread for in-process training of foreign apps: on a shared 2-core machine
-    more threads only fight (a tiny HF Trainer run measured ~10x slower with two)."""
+    more threads only fight (a tiny HF Trainer run measured ~10x slower with two). Through
+    OMP_NUM_THREADS too, which the app launcher's sizing honours (runner/job/threads.py)."""
     import torch
 
-    threads = torch.get_num_threads()
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    before = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
-    torch.set_num_threads(threads)
+    torch.set_num_threads(before)

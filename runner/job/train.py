@@ -31,6 +31,7 @@ from runner import provenance
 from runner.compose import compose, one_line
 from runner.errors import BadInput
 from runner.job import dist as distributed
+from runner.job import threads
 from runner.job.checkpoint import Checkpointer, StopSignals, config_hash
 from runner.job.data.loader import build_loader, heldout_batches
 from runner.job.engine import build_engine, check_extra
@@ -112,6 +113,12 @@ def run(cfg: DictConfig, on_eval: Callable[[int, float], bool] | None = None) ->
     `on_eval(tokens, eval_loss)` is called at every held-out evaluation (every rank gets the
     same numbers); returning True stops the job there as `stopped` (early rejection)."""
     validate(cfg)
+    chosen = threads.choose(OmegaConf.select(cfg, "threads"))
+    with threads.limited(chosen.count):
+        return _run(cfg, on_eval, chosen)
+
+
+def _run(cfg: DictConfig, on_eval, chosen: threads.Choice) -> JobResult:
     check_extra(cfg.ds)
     reachable(cfg.tracking.uri)
     source = _build("data.source", cfg.data.source)  # a missing file fails before DeepSpeed loads
@@ -134,6 +141,9 @@ def run(cfg: DictConfig, on_eval: Callable[[int, float], bool] | None = None) ->
     tracker = _open_tracker(cfg, dist, previous_run, ckpt.dir) if dist.is_main else None
     if tracker is not None:
         ckpt.remember_run(tracker.run_id)
+        # The count torch runs with, and why: a speed compared across runs needs both.
+        threads_used = {"threads": torch.get_num_threads(), "threads_from": chosen.source}
+        tracker.log_params({f"runtime.{k}": str(v) for k, v in threads_used.items()})
     run_id = tracker.run_id if tracker else ""
     if start_step and dist.is_main:
         console.print(f"resuming run {run_id} at step {start_step}/{plan.total_steps}")

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import math
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from runner.errors import BadInput
+from runner.job import threads
 from runner.job.engine import PRECISIONS
 from runner.job.model_protocol import model_node
 
@@ -40,6 +41,7 @@ def validate(cfg: DictConfig) -> None:
     if cfg.checkpoint.resume not in ("auto", "never"):
         raise BadInput(f"checkpoint.resume={cfg.checkpoint.resume} is unknown: use auto or never")
     model_node(cfg.model)  # a user's model and the keys it is given (imports only a user's)
+    threads.choose(OmegaConf.select(cfg, "threads"), env={})  # a count that is not one
 
 
 def reachable(uri: str, timeout_s: float = 5.0) -> None:
