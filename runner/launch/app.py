@@ -40,6 +40,7 @@ from diag.metric import MetricSpec
 from runner import provenance
 from runner.compose import APP_OUTPUT_DIR, compose
 from runner.errors import BadInput
+from runner.job import threads
 from runner.job.result import JobResult
 from runner.launch.declaration import (
     DECLARATION,
@@ -271,6 +272,8 @@ def run_app(config: DictConfig, process: str | None = None) -> JobResult:
         "hyprun.config_hash": app.drift_key(overrides),
     }
     attempt = {"hyprun.outcome": "running", **provenance.slurm_tags()}
+    # The thread count our own job would run with (OMP_NUM_THREADS from the user wins).
+    chosen = threads.choose(None)
     run_id, experiment_id, _ = app_runs.open_seed_run(
         tracking.uri,
         tracking.experiment,
@@ -279,10 +282,15 @@ def run_app(config: DictConfig, process: str | None = None) -> JobResult:
         tracking.run_name,
         tags,
         attempt,
-        {f"config.{k}": v for k, v in flatten(resolved).items()},
+        {
+            **{f"config.{k}": v for k, v in flatten(resolved).items()},
+            "runtime.threads": str(chosen.count),
+            "runtime.threads_from": chosen.source,
+        },
         OmegaConf.to_yaml(cfg, resolve=True),
     )
     env = {
+        **threads.environment(chosen.count),
         "MLFLOW_TRACKING_URI": tracking.uri,
         "MLFLOW_RUN_ID": run_id,
         "MLFLOW_EXPERIMENT_ID": experiment_id,
@@ -298,7 +306,8 @@ def run_app(config: DictConfig, process: str | None = None) -> JobResult:
     if process == "subprocess":
         code, reason = _subprocess(app.target, argv, env, Path(job.cwd))
     else:
-        code, reason = _in_process(app.target, argv, env, Path(job.cwd))
+        with threads.limited(chosen.count):
+            code, reason = _in_process(app.target, argv, env, Path(job.cwd))
     return _read_back(app, tracking.uri, run_id, code, reason)
 
 
