@@ -83,4 +83,6 @@ def describe(verdict: dict[str, Any]) -> str:
         return f"stopped early at {int(verdict.get('tokens') or 0):,} {unit}"
     if "diverged" in str(verdict.get("reason", "")):
         return f"{metric} diverged"
+    if verdict.get("pruned") and verdict.get("trials"):  # a sweep none of whose trials ran out
+        return f"{metric}: all {verdict['pruned']} trials pruned"
     return f"{metric}: no comparison"

@@ -202,6 +202,9 @@ def test_an_app_counted_in_steps_is_reported_in_steps_and_its_run_says_where_it_
     assert state.escalated
     name = store.run(state.run_id).info.run_name
     assert name == "steps · escalated after 3 rejections since H1's fix", name
+    assert run_cli("reset", "--investigation", "steps", "--by", "me", "--reason", "why") == 0
+    name = store.run(state.run_id).info.run_name  # a human reset: the name follows it too
+    assert name.startswith("steps · fixed by H1 opt.lr=0.2 (val/loss \u221273%"), name
 
     seed = store.run(state.baseline["seed_runs"][0]).data.tags
     assert seed["hyprun.steps"] == "40" and "hyprun.tokens" not in seed  # no 0 tokens

@@ -33,6 +33,8 @@ def test_no_values_compared_says_what_happened():
     assert change({"metric": "eval/loss", "early": True, "tokens": 2048}) is None
     assert describe({"early": True, "tokens": 2048}) == "stopped early at 2,048 tokens"
     assert describe({"metric": "eval/loss", "reason": "diverged: seed 1"}) == "eval/loss diverged"
+    swept = {"metric": "eval/loss", "status": "rejected", "pruned": 4, "trials": [{}] * 4}
+    assert describe(swept) == "eval/loss: all 4 trials pruned"
 
 
 def test_formatting():

@@ -896,6 +896,8 @@ def spent_tags(verdict: dict[str, Any]) -> dict[str, str]:
     if "tokens_spent" not in verdict:
         return {}
     text = f"{int(verdict['tokens_spent']):,} {verdict.get('unit') or 'tokens'}"
+    if verdict.get("trials"):  # a sweep: the other trials' seeds are in the report's total
+        text += " on the best trial"
     saved = verdict.get("tokens_saved")
     if isinstance(saved, float) and saved > 0:
         text += f" ({saved:.0%} saved)"
@@ -1224,7 +1226,7 @@ def reset(store: Store, name: str | None, by: str, reason: str) -> State:
     store.tag(
         state.run_id, {f"hyprun.reset.{now}": json.dumps(record), "hyprun.escalated": "false"}
     )
-    return store.refresh(state)
+    return settle(store, state)  # its run's name and description no longer say escalated
 
 
 def summary(state: State) -> str:
