@@ -193,6 +193,9 @@ def test_an_app_counted_in_steps_is_reported_in_steps_and_its_run_says_where_it_
     """The toy app's metric step counts steps: no number is labelled tokens (report, status,
     tags), and its investigation's run, fixed by H1 and then escalated, says escalated."""
     assert run_cli("baseline", "--app", APP, "--seeds", "2", "--investigation", "steps") == 0
+    capsys.readouterr()
+    assert run_cli("test", "opt.lr=0.2", "--max-tokens", "50", "--why", WHY) == 2
+    assert "one round of 2 seeds x 40 steps: give at least 80" in capsys.readouterr().err
     assert run_cli("test", "opt.lr=0.2", "--why", WHY) == 0  # confirmed: faster
     for slower in ("opt.lr=0.001", "opt.lr=0.0005", "opt.lr=0.0002"):
         assert run_cli("test", slower, "--why", WHY) == 0

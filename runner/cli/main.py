@@ -348,8 +348,8 @@ def parser() -> argparse.ArgumentParser:
         "--max-tokens",
         type=int,
         default=0,
-        help="training tokens the test may spend on its seeds and added baseline seeds "
-        "(default 0: no cap)",
+        help="training tokens the test may spend on its seeds and added baseline seeds (an "
+        "app whose metric step counts steps: steps) (default 0: no cap)",
     )
     sweep = commands["sweep"]
     sweep.add_argument(

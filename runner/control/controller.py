@@ -574,7 +574,7 @@ def test_design(
     if max_tokens and max_tokens < start * budget:
         raise BadInput(
             f"--max-tokens {max_tokens:,} is below one round of {start} seeds x {budget:,} "
-            f"tokens: give at least {start * budget:,}"
+            f"{state.unit}: give at least {start * budget:,}"
         )
     design = plan(
         start,
@@ -587,7 +587,8 @@ def test_design(
         reject_spending=rule.reject_spending,
     )
     if design.max_seeds < max(start, cap):
-        return design, f"token cap ({max_tokens:,} tokens: {design.max_seeds} seeds per side)"
+        limit = f"{state.unit.removesuffix('s')} cap ({max_tokens:,} {state.unit}"
+        return design, f"{limit}: {design.max_seeds} seeds per side)"
     if len(design.seeds) == 1:
         return design, f"seed cap ({design.max_seeds} per side: the fixed-k rule)"
     return design, f"seed cap ({design.max_seeds} per side)"
