@@ -12,7 +12,7 @@ import pytest
 from mlflow.entities import Metric, Param
 
 from runner.cli.report import write_report
-from runner.store.investigation import State, Store
+from runner.store.investigation import State, Store, baseline_seed_key
 
 BUDGET = 4096
 MARKS = (1024, 2048, 3072, 4096)
@@ -194,6 +194,7 @@ def _investigation(store: Store, out: Path) -> tuple[Store, State, Path]:
             "baseline_value": 100.0,
             "test_value": 124.0,
             "tokens": 4096,
+            "baseline_tokens_added": 4096,  # its rounds added baseline seed 2
         },
         {
             "hyprun.claimed": "25% faster",
@@ -204,6 +205,8 @@ def _investigation(store: Store, out: Path) -> tuple[Store, State, Path]:
     )
     for seed in (0, 1):
         seed_run(store, h1, seed, 5.0, primary="perf/tokens_per_s")
+    added = seed_run(store, parent, 2, 5.5, primary="perf/tokens_per_s")
+    assert store.once(parent, baseline_seed_key("x", 2), added)
     early = {  # as early rejection stored it: z > 0 counted sigmas worse
         "status": "rejected",
         "early": True,
@@ -318,7 +321,11 @@ def test_the_report_holds_every_section_with_the_tests_numbers(report):
         "| H5 | `ds.micro_batch=32` | rejected | guard eval/loss +4.2% ± 0.37% (worse, 11.5σ) | "
         "— | eval/loss 4.839 → 5.043 at 4,096 tokens | 8,192 | 0 (0%) | 2 | — |"
     )
-    assert "- **Tokens on tests**: 27,648 spent, 13,312 saved" in md
+    assert "- **Baseline**: optim.lr=1e-5 · 2 seeds (+1 added by tests' rounds) · git" in md
+    assert (
+        "- **Tokens on tests**: 27,648 spent (+4,096 on baseline seeds added by rounds), "
+        "13,312 saved" in md
+    )
     assert '- **H2**: I think <b>the LR</b> is "off" \\| because & flat → rejected early' in md
 
     images = sorted(p.name for p in out.glob("*.png"))

@@ -83,6 +83,8 @@ class TestRow(NamedTuple):
     saved: int
     primary: str
     """The metric the verdict was taken on."""
+    added: int = 0
+    """Tokens (an app's steps) of the baseline seeds its rounds added."""
 
 
 @dataclass
@@ -182,9 +184,10 @@ def _facts(state: State, parent, diagnosis: dict, rows: list[TestRow]) -> list[t
     if state.baseline:
         base = state.baseline
         overrides = " ".join(base["overrides"]) or "defaults"
-        facts.append(
-            ("Baseline", f"{overrides} · {base['seeds']} seeds · git {base['git_sha'][:10]}")
-        )
+        seeds = f"{base['seeds']} seeds"
+        if state.baseline_seeds > base["seeds"]:  # tests in rounds grew it
+            seeds += f" (+{state.baseline_seeds - base['seeds']} added by tests' rounds)"
+        facts.append(("Baseline", f"{overrides} · {seeds} · git {base['git_sha'][:10]}"))
         if base.get("promoted_from"):
             facts.append(("Promoted from", base["promoted_from"]))
     metrics = parent.data.metrics
@@ -197,10 +200,12 @@ def _facts(state: State, parent, diagnosis: dict, rows: list[TestRow]) -> list[t
         facts.append(("Baseline seed mean ± std", "; ".join(noise)))
     spent = sum(r.spent for r in rows)
     saved = sum(r.saved for r in rows)
+    added = sum(r.added for r in rows)
+    also = f" (+{added:,} on baseline seeds added by rounds)" if added else ""
     facts.append(
         (
             f"{state.unit.capitalize()} on tests",
-            f"{spent:,} spent, {saved:,} saved by early stops and pruning",
+            f"{spent:,} spent{also}, {saved:,} saved by early stops and pruning",
         )
     )
     for reset in state.resets:
@@ -304,7 +309,8 @@ def _test_row(store: Store, test: Test, budget: int | None, state: State) -> Tes
         test.tags.get("hyprun.stopped") or ("rejected early" if verdict.get("early") else "—"),
     ]
     primary = verdict.get("metric") or "eval/loss"
-    return TestRow(row, test.tags.get("hyprun.reason", ""), spent, saved, primary)
+    added = int(verdict.get("baseline_tokens_added") or 0)
+    return TestRow(row, test.tags.get("hyprun.reason", ""), spent, saved, primary, added)
 
 
 def _effect(verdict: dict[str, Any], metrics: dict[str, float]) -> str:
