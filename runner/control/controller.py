@@ -211,9 +211,7 @@ def record_baseline(
     store.tag(
         parent, {"hyprun.findings": json.dumps(findings), "hyprun.question": _question(document)}
     )
-    state = store.find(name)
-    save_views(store, state)
-    return settle(store, state)  # recorded; tests still join it, the UI shows it done
+    return settle(store, store.find(name))  # recorded; tests still join it, the UI shows it done
 
 
 TOP_FINDINGS = 3
@@ -244,8 +242,9 @@ def _question(document: dict[str, Any]) -> str:
 def settle(store: Store, state: State) -> State:
     """The parent run follows the investigation, not its baseline: its description says where
     it stands, its name the outcome, and it is running while a test runs and ends (end time:
-    now) when none does."""
+    now) when none does. Its saved views follow it too (their charts' ranges fit its curves)."""
     state = store.refresh(state)
+    save_views(store, state)
     store.note(state.run_id, summary(state))
     store.rename(state.run_id, f"{state.name} · {headline(state)}")
     if not any(t.verdict == "running" for t in state.tests):
@@ -911,6 +910,13 @@ def run_name(label: str, verdict: dict[str, Any]) -> str:
     return f"{label} · {verdict['status']} · {describe(verdict)}"
 
 
+def arm_name(label: str, verdict: dict[str, Any]) -> str:
+    """`H1 confirmed`: a test's side in the comparison view, as its charts' legend names it.
+    MLflow's legend is two lines tall; short names fit every side in them, where full run names
+    took a line each and cut the legend after H1 (the test run's name keeps delta and effect)."""
+    return f"{label.split()[0]} {verdict['status']}"
+
+
 def record_verdict(
     store: Store,
     state: State,
@@ -939,7 +945,7 @@ def record_verdict(
     store.text(test_run, json.dumps(shown, indent=2, default=str), "verdict.json")
     store.rename(test_run, run_name(label, verdict))
     for seed_run in store.seed_runs(test_run):  # the seed band is labelled with the outcome
-        store.tag(seed_run.info.run_id, {ARM: run_name(label, verdict)})
+        store.tag(seed_run.info.run_id, {ARM: arm_name(label, verdict)})
     store.finish(test_run)
     state = settle(store, state)
     console.print(escape(f"{run_name(label, verdict)} — {verdict['reason']}"))

@@ -470,6 +470,8 @@ def view_keys(name: str) -> tuple[str, str]:
 
 CURVES = ("eval/loss", "train/loss", "grad/norm")
 """The comparison view's charts: each side's seed mean and range at matched tokens."""
+MARGIN = 0.1
+"""Room above and below the curves in a chart, as a share of their span."""
 RUN_NAME_COLUMN = "attributes.`Run Name`"
 COLUMNS = ["0", RUN_NAME_COLUMN, "runDateAndNestInfo", "duration"]
 """The runs table's first columns: MLflow applies saved widths along a saved column order."""
@@ -490,12 +492,14 @@ def save_views(store: Store, state: State) -> None:
         **wide,
     }
     section = "hyprun-curves"
+    ranges = curve_ranges(store, state)
     compare = {
         "searchFilter": f"{mine} and tags.`{ARM}` LIKE '%'",
         "orderByKey": "attributes.start_time",
         "orderByAsc": True,
         "groupBy": _group_by(ARM),
         "useGroupedValuesInCharts": True,
+        "runsHiddenMode": "SHOW_ALL",  # MLflow's default draws only the first 10 rows
         "hideEmptyCharts": True,
         "isAccordionReordered": True,  # keeps our section first, before the generated ones
         "compareRunSections": [
@@ -506,6 +510,9 @@ def save_views(store: Store, state: State) -> None:
                 "isReordered": False,
                 "deleted": False,
                 "isGenerated": False,
+                # One chart a row, taller than MLflow's 360 px: room for a legend entry per side
+                "columns": 1,
+                "cardHeight": 520,
             }
         ],
         "compareRunCharts": [
@@ -518,11 +525,14 @@ def save_views(store: Store, state: State) -> None:
                 "isGenerated": False,
                 "metricKey": metric,
                 "selectedMetricKeys": [metric],
-                "xAxisKey": "step",
+                "xAxisKey": "step",  # titled "Step" by MLflow: our jobs log at tokens trained
+                "useGlobalXaxisKey": False,  # else the page's x-axis setting overrides ours
                 "yAxisKey": "metric",
                 "scaleType": "linear",
+                "range": ranges.get(metric, {}),
                 "displayPoints": True,
                 "lineSmoothness": 0,
+                "useGlobalLineSmoothing": False,
             }
             for metric in CURVES
             if (metric_id := re.sub(r"[^a-z]+", "-", metric))
@@ -538,6 +548,23 @@ def save_views(store: Store, state: State) -> None:
         store.client.set_experiment_tag(
             experiment, SHARED_VIEW + key, _envelope(f"hyprun {state.name}: {title}", view)
         )
+
+
+def curve_ranges(store: Store, state: State) -> dict[str, dict[str, float]]:
+    """{chart: its y range}: the seed curves' lowest and highest values, with a margin. MLflow
+    fills each side's seed band down to 0, so left to itself every loss chart starts at 0 and
+    curves between 4.4 and 5.5 share a thin strip at its top."""
+    seeds = state.baseline_seeds if state.baseline else 0
+    runs = [state.baseline_run(seed) for seed in range(seeds)]
+    runs += [job.info.run_id for test in state.tests for job in store.jobs_below(test.run_id)]
+    ranges = {}
+    for metric in CURVES:
+        values = [v for run in runs for _, v in store.history(run, metric) if math.isfinite(v)]
+        if values:
+            low, high = min(values), max(values)
+            margin = MARGIN * ((high - low) or abs(high) or 1.0)
+            ranges[metric] = {"yMin": low - margin, "yMax": high + margin}
+    return ranges
 
 
 def _group_by(tag: str) -> dict[str, Any]:

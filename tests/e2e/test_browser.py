@@ -17,7 +17,7 @@ import pytest
 from runner.cli.report import write_report
 from runner.control import controller
 from runner.control.controller import record_baseline
-from runner.store.investigation import Store, links
+from runner.store.investigation import CURVES, Store, links
 from tests.e2e import browser
 
 NAME = "in-a-browser"
@@ -217,11 +217,35 @@ def test_the_printed_links_open_the_tests_and_their_seed_bands(
     driver.get("about:blank")
     driver.get(found.compare)
     section = "hyprun: baseline vs tests (seed mean and range)"
-    legend = [f"{arm} (eval/loss)" for arm in ("baseline", *run_names.values())]
+    sides = ["baseline", *(f"H{t.number} {t.verdict}" for t in state.tests)]
+    legend = [f"{side} (eval/loss)" for side in sides]
     text = browser.wait_for_text(driver, section, "Group: baseline", *legend, timeout=60)
     assert text.index(section) < text.index("act/rms")  # our charts first
     mlflow_ui.close_assistant()
+    # Every side fits MLflow's two-line legend (full run names took a line each: cut after H1)
+    shown = driver.execute_script(LEGEND_ENTRIES_SHOWN, "(eval/loss)")
+    assert all(shown.get(entry) for entry in legend), shown
+    # The y axes fit the curves (MLflow's own range starts at 0: losses of 4.4-5.5 in a strip);
+    # MLflow draws a chart once it is scrolled into view: eval/loss, the first, is
+    ticks = driver.execute_script(LOWEST_Y_TICKS, len(CURVES))
+    assert ticks and all(tick > 0 for tick in ticks), ticks
     screens(driver, "link-compare-seed-bands")
+
+
+LEGEND_ENTRIES_SHOWN = """
+const entries = Array.from(document.querySelectorAll('span'))
+  .filter(e => e.children.length === 0 && e.textContent.trim().endsWith(arguments[0]));
+return Object.fromEntries(entries.map(label => {
+  const item = label.parentElement, box = item.parentElement.getBoundingClientRect();
+  const bottom = item.getBoundingClientRect().bottom;
+  return [label.textContent.trim(), bottom <= box.bottom + 1 && bottom > box.top];
+}));
+"""
+LOWEST_Y_TICKS = """
+return Array.from(document.querySelectorAll('.js-plotly-plot')).slice(0, arguments[0])
+  .map(plot => Math.min(...Array.from(plot.querySelectorAll('.ytick text'))
+    .map(t => parseFloat(t.textContent.replace('\u2212', '-')))));
+"""
 
 
 def store_run_name(investigation, run_id: str) -> str:
