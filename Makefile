@@ -20,7 +20,7 @@ FAST := -m "not slow and not slurm and not browser"
 HYPRUN_SCREENSHOTS ?= .hyprun/screenshots
 
 .PHONY: setup demo test test-fast lint bench bench-commands bench-demo bench-diagnosis bench-truth bench-verdicts bench-split \
-	bench-faults gpu-check clean
+	bench-faults bench-threads gpu-check clean
 
 $(BIN)/hyprun: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -86,6 +86,10 @@ bench-split: setup
 
 bench-faults: setup
 	$(BIN)/python -m bench.faults
+
+# Thread sizing on vs off, alone and beside a CPU-hungry job, side by side (~3 min on 2 cores).
+bench-threads: setup
+	$(BIN)/python -m bench.threads
 
 clean:
 	rm -rf $(VENV) .hyprun mlflow.db mlruns

@@ -12,9 +12,10 @@ divided by the job's processes on this node (LOCAL_WORLD_SIZE, set by torchrun a
 launcher, else SLURM_NTASKS_PER_NODE), then capped by SLURM_CPUS_PER_TASK (already per task).
 
 Who decides, first match wins: the job config's `threads` (a whole number), OMP_NUM_THREADS when
-the environment sets it, the share. The machine's load is not read: the count must be the same
-for the baseline and its tests (torch's reductions split their work by thread, so the count
-touches the last bits of every loss), and load changes by the second.
+the environment sets it, the share. The machine's load is not read: it changes by the second
+(and lags by a minute in /proc/loadavg, where a seed's own threads would shrink the next seed's
+count), so a baseline's seeds and its tests would run at counts no config explains. On a shared
+machine whose share is all its cores, set `threads=1` or OMP_NUM_THREADS=1 (bench/threads.py).
 
 Whatever our own job gets, a user's app gets: the app launcher applies the same count in its
 process and hands it to an app's subprocess as OMP_NUM_THREADS and MKL_NUM_THREADS.
