@@ -153,9 +153,9 @@ def measure(
     return found
 
 
-def spread(values: list[float]) -> str:
+def spread(values: list[float], fmt: str = ".3f") -> str:
     """median [min-max] of per-round values."""
-    return f"{statistics.median(values):.3f} [{min(values):.3f}-{max(values):.3f}]"
+    return f"{statistics.median(values):{fmt}} [{min(values):{fmt}}-{max(values):{fmt}}]"
 
 
 def ratios(
@@ -216,11 +216,17 @@ def _step(metric) -> int:
     return metric.step
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=60, help="optimizer steps per side")
-    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds")
+def side_by_side_parser(description: str, steps: int, rounds: int) -> argparse.ArgumentParser:
+    """The command line of a bench whose sides alternate in rounds."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--steps", type=int, default=steps, help="optimizer steps per side")
+    parser.add_argument("--rounds", type=int, default=rounds, help="interleaved rounds")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides of every side")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = side_by_side_parser(__doc__.splitlines()[0], steps=60, rounds=3)
     args = parser.parse_args(argv)
     if args.steps <= WARMUP_STEPS or args.rounds < 1:
         parser.error(f"--steps must exceed the {WARMUP_STEPS} warm-up steps, --rounds be >= 1")

@@ -19,7 +19,6 @@ same way. On a machine of one core there is no half to give: the bench says so a
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import subprocess
@@ -31,9 +30,9 @@ from pathlib import Path
 
 from mlflow.tracking import MlflowClient
 
-from runner.compose import compose
+from bench.overhead import config, side_by_side_parser, spread
 from runner.job import threads
-from runner.job.train import Plan, run
+from runner.job.train import run
 
 WARMUP_WINDOWS = 2  # logged windows dropped from every side
 NEIGHBOUR = """
@@ -106,34 +105,16 @@ def tokens_per_s(cfg) -> float:
 def measure(overrides: list[str], steps: int, rounds: int, folder: Path, share: int) -> dict:
     """{side name: [tokens/s per round]}, sides interleaved within each round."""
     default = torch_default_threads()
-    probe = compose(overrides)
-    tokens = steps * Plan.of(probe, world=1).tokens_per_step
     found: dict[str, list[float]] = {side.name: [] for side in SIDES}
     counts = {True: share, False: default}
     for number in range(rounds):
         for index, side in enumerate(SIDES):
-            cfg = compose(
-                [
-                    "probes=off",
-                    *overrides,
-                    f"threads={counts[side.sized]}",
-                    f"budget.tokens={tokens}",
-                    f"budget.eval_every_tokens={tokens}",
-                    "checkpoint.every_tokens=0",
-                    "tracking.system_metrics_every_s=0",
-                    f"tracking.uri=sqlite:///{folder}/mlflow.db",
-                    f"tracking.experiment=round{number}-side{index}",
-                    f"checkpoint.dir={folder}/ckpt",
-                ]
-            )
+            quiet = ["probes=off", "tracking.system_metrics_every_s=0"]
+            sided = [*quiet, *overrides, f"threads={counts[side.sized]}"]
+            cfg = config(sided, steps, folder, f"round{number}-side{index}")
             with neighbour(counts[side.sized], side.loaded):
                 found[side.name].append(tokens_per_s(cfg))
     return {"found": found, "default": default}
-
-
-def summary(values: list[float], fmt: str) -> str:
-    middle = statistics.median(values)
-    return f"{middle:{fmt}} [{min(values):{fmt}}-{max(values):{fmt}}]"
 
 
 def print_report(found: dict[str, list[float]], default: int, share: int) -> None:
@@ -141,19 +122,16 @@ def print_report(found: dict[str, list[float]], default: int, share: int) -> Non
     print("| side | tokens/s, median [min-max] of rounds |")
     print("|---|---|")
     for side in SIDES:
-        print(f"| {side.name} | {summary(found[side.name], ',.0f')} |")
+        print(f"| {side.name} | {spread(found[side.name], ',.0f')} |")
     print("\n| ratio | median [min-max] of per-round ratios | what it says |")
     print("|---|---|---|")
     for top, bottom, meaning in RATIOS:
         ratios = [a / b for a, b in zip(found[top], found[bottom], strict=True)]
-        print(f"| {top} / {bottom} | {summary(ratios, '.2f')} | {meaning} |")
+        print(f"| {top} / {bottom} | {spread(ratios, '.2f')} | {meaning} |")
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=32, help="optimizer steps per side")
-    parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds")
-    parser.add_argument("overrides", nargs="*", help="Hydra overrides of every side")
+    parser = side_by_side_parser(__doc__.splitlines()[0], steps=32, rounds=2)
     args = parser.parse_args(argv)
     if args.steps <= 4 * WARMUP_WINDOWS or args.rounds < 1:
         parser.error(f"--steps must exceed {4 * WARMUP_WINDOWS}, --rounds be >= 1")
