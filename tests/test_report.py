@@ -445,3 +445,21 @@ def test_any_investigation_renders(workdir):
     assert state.strikes == 0 and not state.escalated
     markdown, _ = write_report(store, state, workdir / "reset")
     assert "Reset**: by ana: go" in markdown.read_text()
+
+
+def test_an_apps_eval_loss_beside_our_eval_loss_is_two_plots_each_listed_once(workdir):
+    """An HF Trainer logs `eval_loss` (its declared metric) where our probe logs `eval/loss`:
+    two metrics, two files, each listed once (they shared eval_loss.png, listed twice)."""
+    store = Store(f"sqlite:///{workdir}/mlflow.db", "hyprun")
+    parent = store.create("hf", "note")
+    seeds = [seed_run(store, parent, s, 5.5, primary="eval_loss") for s in (0, 1)]
+    baseline = {"overrides": [], "seeds": 2, "git_sha": "0" * 40, "config_hash": "x"}
+    store.tag(parent, {"hyprun.baseline": json.dumps({**baseline, "seed_runs": seeds})})
+    verdict = {"status": "confirmed", "reason": "lower", "metric": "eval_loss", "z": 5.0}
+    run = add_test(store, parent, 1, ["optim.lr=3e-3"], verdict)
+    for seed in (0, 1):
+        seed_run(store, run, seed, 5.0, primary="eval_loss")
+    markdown, _ = write_report(store, store.find("hf"), workdir / "out")
+    plots = [line for line in markdown.read_text().splitlines() if line.startswith("![")]
+    assert len(plots) == len(set(plots)) and "![eval_loss_2](eval_loss_2.png)" in plots, plots
+    assert (workdir / "out" / "eval_loss_2.png").is_file()
