@@ -221,6 +221,9 @@ def test_clearly_worse_test_is_rejected_early(store, workdir):
     markdown, _ = write_report(store, state, workdir / "report")
     [row] = [line for line in markdown.read_text().splitlines() if line.startswith("| H1 ")]
     assert "(worse, " in row and "better" not in row and "| 1 of 2 |" in row, row
+    note = store.run(state.run_id).data.tags["mlflow.note.content"]
+    assert "H1 `optim.lr=3e-06`: rejected · eval/loss +" in note, note
+    assert "(stopped early: 1 of 2 seeds)" in note, note
 
 
 def test_parallel_claims_never_exceed_the_strikes_left(store, low_lr):

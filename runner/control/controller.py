@@ -1248,8 +1248,11 @@ def summary(state: State) -> str:
     ]
     for t in state.tests:
         effect = t.tags.get("hyprun.effect", "")
+        early = f" (stopped early: {t.seeds_shown} seeds)" if " of " in t.seeds_shown else ""
         lines.append(
-            f"- H{t.number} `{' '.join(t.delta)}`: {t.verdict}" + (f" · {effect}" if effect else "")
+            f"- H{t.number} `{' '.join(t.delta)}`: {t.verdict}"
+            + (f" · {effect}" if effect else "")
+            + early
         )
     return "\n".join(lines).strip() + "\n"
 
