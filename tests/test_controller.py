@@ -161,6 +161,7 @@ def test_verdicts_strikes_escalation_and_reset(store, low_lr, workdir, webhook, 
     with open(report) as file:
         text = file.read()
     assert "Is the data sufficient" in text and "optim.lr=1e-07" in text
+    assert "`hyprun reset --investigation low-lr --by NAME --reason ...`" in text
     assert " · rejected · eval/loss " in client.get_run(state.tests[1].run_id).info.run_name
 
     from runner.cli.report import write_report

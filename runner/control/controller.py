@@ -1092,7 +1092,8 @@ def escalate(store: Store, state: State) -> None:
     writes the report and sends the notice, once."""
     console.print(
         f"[bold red]Escalated[/]: {state.strikes} strikes. Report: escalation.md on run "
-        f"{state.run_id}"
+        f"{state.run_id}; then a human decides: hyprun reset --investigation "
+        f"{escape(state.name)} --by NAME --reason TEXT"
     )
     for f in state.untested:
         console.print(
@@ -1105,8 +1106,8 @@ def escalate(store: Store, state: State) -> None:
         f"# Escalation: investigation {state.name}",
         "",
         f"{state.strikes} hypotheses in a row were rejected. hyprun refuses further tests "
-        "until a human "
-        "decides (`hyprun reset --by NAME --reason ...`).",
+        "until a human decides "
+        f"(`hyprun reset --investigation {state.name} --by NAME --reason ...`).",
         "",
         f"Baseline: `{' '.join(state.baseline['overrides']) or 'defaults'}`, "
         f"{state.baseline['seeds']} seeds, git {state.baseline['git_sha'][:10]}.",
