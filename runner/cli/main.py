@@ -228,7 +228,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    """After a confirmed test: re-run the baseline's failed checks on the fix; --promote it."""
+    """After a confirmed test: the findings its fix removed, and why any still fires."""
     from runner.control.controller import verify
 
     store = _store(experiment=args.experiment)
