@@ -46,6 +46,20 @@ def python_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def after_importing_runner(name: str, given: str | None) -> str:
+    """Environment variable `name` after `import runner`, in a fresh process whose environment
+    sets it to `given` (None: leaves it unset)."""
+    env = python_env()
+    env.pop(name, None)
+    if given is not None:
+        env[name] = given
+    read = f"import os, runner; print(os.environ[{name!r}])"
+    done = subprocess.run(
+        [sys.executable, "-c", read], env=env, capture_output=True, text=True, check=True
+    )
+    return done.stdout.strip()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

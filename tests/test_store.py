@@ -5,15 +5,13 @@ No training: the parent runs are made with `Store.create`, as `hyprun baseline` 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
 from runner.cli.main import main as hyprun
 from runner.errors import BadInput
 from runner.store.investigation import Store, view_keys
-from tests.helpers import python_env
+from tests.helpers import after_importing_runner
 
 
 @pytest.fixture
@@ -197,12 +195,4 @@ def test_view_keys_fit_mlflows_tag_key_and_keep_names_apart():
 def test_mlflow_telemetry_is_off_unless_the_user_turns_it_on(given, kept):
     """MLflow's telemetry thread raced our jobs (a KeyError on its session variable); importing
     hyprun turns it off unless the environment already says otherwise."""
-    env = python_env()
-    env.pop("MLFLOW_DISABLE_TELEMETRY", None)
-    if given is not None:
-        env["MLFLOW_DISABLE_TELEMETRY"] = given
-    read = "import os, runner; print(os.environ['MLFLOW_DISABLE_TELEMETRY'])"
-    done = subprocess.run(
-        [sys.executable, "-c", read], env=env, capture_output=True, text=True, check=True
-    )
-    assert done.stdout.strip() == kept
+    assert after_importing_runner("MLFLOW_DISABLE_TELEMETRY", given) == kept

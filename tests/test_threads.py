@@ -13,7 +13,7 @@ from mlflow.tracking import MlflowClient
 from runner.errors import BadInput
 from runner.job import threads
 from runner.job.train import run
-from tests.helpers import job_config, python_env
+from tests.helpers import after_importing_runner, job_config, python_env
 
 AFFINITY = len(os.sched_getaffinity(0))
 
@@ -127,3 +127,10 @@ def test_a_users_app_gets_the_same_count_and_its_run_records_it(workdir, monkeyp
     params = MlflowClient(tracking_uri=f"sqlite:///{workdir}/mlflow.db").get_run(seed_run)
     assert params.data.params["runtime.threads"] == "1"
     assert "SLURM_CPUS_PER_TASK 1" in params.data.params["runtime.threads_from"]
+
+
+@pytest.mark.parametrize(("given", "kept"), [(None, "PASSIVE"), ("ACTIVE", "ACTIVE")])
+def test_openmp_threads_wait_passively_unless_the_user_says_otherwise(given, kept):
+    """A spinning OpenMP thread held the core its partner needed: 2 threads ran 4-25x slower
+    than passive ones on a shared 2-core machine (bench/threads.py)."""
+    assert after_importing_runner("OMP_WAIT_POLICY", given) == kept
