@@ -4,8 +4,11 @@ Both read offline (the images are files beside them, linked by relative paths) a
 on the parent run under `report/`. They hold the core question, the L0 static checks, the L1
 evidence of the baseline (the obvious checks, the findings with their numbers, the measured
 features), the hypothesis table (delta, verdict, effect ± noise, claimed vs measured, tokens
-spent and saved) and plots at matched tokens: the baseline's seeds as a band, each test's seed
-mean as a line, for every test's primary metric and for loss, gradient norm and data loading.
+spent and saved, seeds run) and plots at matched tokens: the baseline's seeds as a band, each
+test's seed mean as a line, for every test's primary metric and for loss, gradient norm and data
+loading. Every number is the one that decided the verdict (a guard's, when a guard's regression
+rejected the test), in diag/effect.py's one sign convention, counted in the unit the primary
+metric's step counts (tokens for our job, an app's declared `metric.step`).
 
 MLflow's artifact viewer shows the HTML from a `blob:` URL, against which relative image paths
 cannot resolve; a few lines of script fetch them from the tracking server there instead.
