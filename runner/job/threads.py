@@ -19,6 +19,10 @@ machine whose share is all its cores, set `threads=1` or OMP_NUM_THREADS=1 (benc
 
 Whatever our own job gets, a user's app gets: the app launcher applies the same count in its
 process and hands it to an app's subprocess as OMP_NUM_THREADS and MKL_NUM_THREADS.
+
+How the threads wait matters as much as how many there are: runner/__init__.py sets
+OMP_WAIT_POLICY=PASSIVE unless the user set it (bench/threads.py: beside a CPU-hungry job, 19-24x
+the tokens/s of torch's defaults on 2 cores; on a quiet machine 0.45-0.85x of them).
 """
 
 from __future__ import annotations
