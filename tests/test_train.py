@@ -151,3 +151,20 @@ def test_sequences_longer_than_the_models_context_are_refused(workdir):
     with pytest.raises(BadInput, match=r"data\.source\.seq_len=128 .*model\.seq_len=64"):
         run(job_config(workdir, "data.source.seq_len=128"))
     assert not (workdir / "mlflow.db").exists()
+
+
+def test_a_job_stopped_early_reports_the_loss_it_stopped_at(workdir):
+    """Early rejection stops a job right after an evaluation: its result carries that loss
+    (it read `n/a`), the one the last eval/loss point shows."""
+    seen: list[float] = []
+
+    def stop_at_first_eval(tokens: int, value: float) -> bool:
+        seen.append(value)
+        return True
+
+    cfg = job_config(workdir)
+    result = run(cfg, on_eval=stop_at_first_eval)
+    assert result.status == "stopped"
+    assert result.eval_loss == seen[-1]
+    logged = metric_history(cfg.tracking.uri, result.run_id, "eval/loss")
+    assert logged[-1][1] == pytest.approx(seen[-1])

@@ -293,7 +293,9 @@ def _test_row(store: Store, test: Test, budget: int | None, state: State) -> Tes
     spent = sum(int(float(r.data.tags.get(f"hyprun.{state.unit}", 0))) for r in jobs)
     trials = max(1, len(verdict.get("trials", [])))
     seeds = int(test.tags.get("hyprun.seeds") or (state.baseline or {}).get("seeds", len(jobs)))
-    planned = budget * seeds * trials if budget else spent
+    # A sweep plans each trial at the baseline's seeds; only its best goes on in rounds.
+    baseline_seeds = int((state.baseline or {}).get("seeds", seeds))
+    planned = budget * (seeds + (trials - 1) * baseline_seeds) if budget else spent
     decided = test.verdict in ("confirmed", "rejected", "inconclusive")
     saved = max(0, planned - spent) if decided else 0
     delta = " ".join(test.delta) + (f" → {' '.join(test.fix)}" if test.fix != test.delta else "")

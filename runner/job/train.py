@@ -166,7 +166,10 @@ def _run(cfg: DictConfig, on_eval, chosen: threads.Choice) -> JobResult:
     with StopSignals() as signals, _progress(dist.is_main, plan, start_step) as tick:
         loop.tick = tick
         status, step, train_loss = loop.train(iter(loader), start_step, ckpt, signals)
+    # A job stopped early was evaluated at the step it stopped: its summary shows that loss.
     eval_loss = loop.evaluate(step) if status == "completed" else None
+    if status == "stopped":
+        eval_loss = loop.last_eval
 
     if status == "interrupted":
         loop.checkpoint(ckpt, step)
@@ -233,6 +236,7 @@ class TrainLoop:
     ):
         self.engine, self.plan, self.dist, self.tracker = engine, plan, dist, tracker
         self.on_eval = on_eval
+        self.last_eval: float | None = None
         self.tick: Callable[[], None] = lambda: None  # a progress bar's advance, on a terminal
         self.heldout, self.instruments = heldout, instruments
         self.log_every = cfg.tracking.log_every_steps
@@ -355,6 +359,7 @@ class TrainLoop:
         self.engine.train()
         loss_sum, count = distributed.all_reduce_sum(totals).tolist()
         eval_loss = loss_sum / max(count, 1.0)
+        self.last_eval = eval_loss
         self._log(step, {"eval/loss": eval_loss})
         if self.tracker is not None:
             tokens, total = step * self.plan.tokens_per_step, self.plan.total_steps
