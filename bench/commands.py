@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from runner.cli.main import parser as hyprun_parser
+from hyprun.runner.cli.main import parser as hyprun_parser
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -45,9 +45,9 @@ COMMANDS = [
 def seed_investigation(uri: str) -> None:
     """An investigation with a recorded baseline and four tests with verdicts (no jobs: status
     reads tags)."""
-    from runner import provenance
-    from runner.control.controller import drift_key
-    from runner.store.investigation import Store
+    from hyprun.runner import provenance
+    from hyprun.runner.control.controller import drift_key
+    from hyprun.runner.store.investigation import Store
 
     store = Store(uri, "hyprun")
     parent = store.create("bench", "a baseline and four tests")
@@ -78,7 +78,7 @@ def time_command(args: list[str], env: dict[str, str], cwd: Path) -> tuple[float
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     done = subprocess.run(
-        [sys.executable, "-m", "runner.cli.main", *args],
+        [sys.executable, "-m", "hyprun.runner.cli.main", *args],
         env=env,
         cwd=cwd,
         capture_output=True,

@@ -30,7 +30,7 @@ def one_demo(seeds: int) -> tuple[float, float]:
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         start = time.perf_counter()
         subprocess.run(
-            [sys.executable, "-m", "runner.cli.main", "demo", "--seeds", str(seeds)],
+            [sys.executable, "-m", "hyprun.runner.cli.main", "demo", "--seeds", str(seeds)],
             cwd=folder,
             env=env,
             check=True,

@@ -30,8 +30,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from runner import markdown
-from runner.control.controller import (
+from hyprun.runner import markdown
+from hyprun.runner.control.controller import (
     DEFAULT_PRIMARY,
     Refused,
     claim,
@@ -40,10 +40,10 @@ from runner.control.controller import (
     record_baseline,
     record_verdict,
 )
-from runner.control.one_variable import measure
-from runner.job.result import JobResult
-from runner.job.train import run
-from runner.store.investigation import STRIKES, State, Store
+from hyprun.runner.control.one_variable import measure
+from hyprun.runner.job.result import JobResult
+from hyprun.runner.job.train import run
+from hyprun.runner.store.investigation import STRIKES, State, Store
 from tests.helpers import free_port, python_env, start_mlflow_server
 
 # 16 steps of >= 0.25 s each: a window to kill a job or stop its server mid-run.
@@ -111,7 +111,7 @@ def crash(store: Store, folder: Path, rng: random.Random) -> Survived:
     command = [
         sys.executable,
         "-m",
-        "runner.cli.main",
+        "hyprun.runner.cli.main",
         "test",
         "optim.lr=3e-3",
         "--why",
@@ -191,7 +191,7 @@ def outage(folder: Path, outage_s: float) -> Survived:
         [
             sys.executable,
             "-m",
-            "runner.job.train",
+            "hyprun.runner.job.train",
             *BUDGET,
             "tracking.experiment=outage",
             f"checkpoint.dir={folder}/ckpt",

@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from runner.errors import BadInput
+from hyprun.runner.errors import BadInput
 
 GB_PER_GIB = 2**30 / 1e9  # the job logs GiB; diag/memory.py counts GB of 1e9 bytes
 
@@ -77,7 +77,7 @@ def _run_side(side: str, cfg) -> dict:
     from mlflow.tracking import MlflowClient
 
     from bench import overhead
-    from runner.job.train import run
+    from hyprun.runner.job.train import run
 
     if side == "bare":
         times = overhead.bare_loop(cfg)
@@ -172,9 +172,9 @@ def _nan_row(side: dict | None) -> tuple[str, str, str, str]:
 
 
 def _memory_row(side: dict | None, size: str) -> tuple[str, str, str, str]:
-    from diag.static import memory_estimate
+    from hyprun.diag.static import memory_estimate
 
-    what = "peak memory / diag.memory estimate"
+    what = "peak memory / hyprun.diag.memory estimate"
     low, high = GOALS["memory"]
     goal = f"{low}-{high}" if size == "gpu" else "- (CPU: RSS of the process)"
     if not side or side.get("peak_mem_gb") is None:

@@ -5,7 +5,8 @@
 The bare loop is a fair anchor: the same model, data, loader (runner/job/data/loader.py, with the
 `data.loader` workers, prefetch and pinning the job uses) and DeepSpeed config, then
 `engine(x, y); engine.backward(loss); engine.step()` and one `.item()` per step, as the job's
-loss logging does. hyprun's sides are `runner.job.train.run` with metrics to MLflow and its L1
+loss logging does. hyprun's sides are
+`hyprun.runner.job.train.run` with metrics to MLflow and its L1
 probes off, with only the per-step NaN check, at the default interval and at every step.
 
 Each side reports per step: wall time, CPU time of the process (all its threads: the MLflow
@@ -32,12 +33,12 @@ from hydra.utils import instantiate
 from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 
-from runner.compose import compose
-from runner.job import dist as distributed
-from runner.job.data.loader import build_loader
-from runner.job.engine import build_engine
-from runner.job.optim import build_optimizer
-from runner.job.train import Clocks, Plan, drawn_seq_len, run
+from hyprun.runner.compose import compose
+from hyprun.runner.job import dist as distributed
+from hyprun.runner.job.data.loader import build_loader
+from hyprun.runner.job.engine import build_engine
+from hyprun.runner.job.optim import build_optimizer
+from hyprun.runner.job.train import Clocks, Plan, drawn_seq_len, run
 
 WARMUP_STEPS = 5  # dropped from every side: caches, allocator, DeepSpeed's first-step work
 CLOCKS = ("wall", "process", "thread")

@@ -35,9 +35,9 @@ from pathlib import Path
 from mlflow.tracking import MlflowClient
 
 from bench.overhead import side_by_side_parser, spread
-from runner.compose import compose
-from runner.job import threads
-from runner.job.train import Plan
+from hyprun.runner.compose import compose
+from hyprun.runner.job import threads
+from hyprun.runner.job.train import Plan
 
 WARMUP_WINDOWS = 2  # logged windows dropped from every side
 NEIGHBOUR = """
@@ -49,7 +49,9 @@ while True:
 """
 # torch imported before hyprun: libgomp reads its wait policy when torch loads it, so this job
 # runs with libgomp's own default whatever hyprun then sets.
-TORCH_FIRST = "import sys, torch; from runner.job.train import main; sys.argv[0] = 'train'; main()"
+TORCH_FIRST = (
+    "import sys, torch; from hyprun.runner.job.train import main; sys.argv[0] = 'train'; main()"
+)
 OURS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OMP_WAIT_POLICY", "SLURM_CPUS_PER_TASK")
 
 
@@ -102,7 +104,7 @@ def job(side: Side, job_overrides: list[str], half: int | None) -> None:
     """One side's job in a fresh process, recorded in MLflow."""
     if side.hyprun:
         extra = {"SLURM_CPUS_PER_TASK": str(half)} if half else {}
-        command = [sys.executable, "-m", "runner.job.train"]
+        command = [sys.executable, "-m", "hyprun.runner.job.train"]
     else:
         extra, command = {}, [sys.executable, "-c", TORCH_FIRST]
     with neighbour(side.loaded):

@@ -37,9 +37,9 @@ from pathlib import Path
 
 import numpy as np
 
-from diag.metric import MetricSpec
-from diag.sequential import Design, fixed, plan
-from diag.verdict import compare, load_params
+from hyprun.diag.metric import MetricSpec
+from hyprun.diag.sequential import Design, fixed, plan
+from hyprun.diag.verdict import compare, load_params
 
 SPEC = MetricSpec("eval/loss", "min", min_effect=0.01)
 ANY = MetricSpec("eval/loss", "min", min_effect=0.0)

@@ -1,1 +1,1 @@
-"""Hydra configuration tree of hyprun, shipped as a package so `pkg://conf` finds it."""
+"""Hydra configuration tree of hyprun, shipped as a package so `pkg://hyprun.conf` finds it."""

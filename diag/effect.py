@@ -36,7 +36,7 @@ def change(verdict: dict[str, Any]) -> float | None:
     base, test = verdict.get("baseline_value"), verdict.get("test_value")
     if not (_finite(base) and _finite(test)):
         return None
-    return (test - base) / (abs(base) or 1.0)  # the scale diag.verdict's relative noise uses
+    return (test - base) / (abs(base) or 1.0)  # the scale hyprun.diag.verdict's relative noise uses
 
 
 def metric_key(metric: str) -> str:

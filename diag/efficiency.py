@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from diag.rules import TABLES, peaks
+from hyprun.diag.rules import TABLES, peaks
 
 
 def transformer_flops_per_token(

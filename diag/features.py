@@ -14,9 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from diag import series as S
-from diag.evidence import DEVICE_TAG, NAN_MODULE_TAG, OUTCOME_TAG, Evidence, Points
-from diag.spikes import find_spikes
+from hyprun.diag import series as S
+from hyprun.diag.evidence import DEVICE_TAG, NAN_MODULE_TAG, OUTCOME_TAG, Evidence, Points
+from hyprun.diag.spikes import find_spikes
 
 
 @dataclass
@@ -250,7 +250,7 @@ held-out healthy run of the seventh draw's check)."""
 def _step_scan(ev: Evidence, out: Features) -> None:
     """At which multiple of the step taken the held-out loss fell furthest, median over the
     probes after the first (Adam's first step is sign-like) at a near-peak LR."""
-    prefix = "step/loss_x"  # one series per multiple scanned (diag.probes.STEP_MULTIPLES)
+    prefix = "step/loss_x"  # one series per multiple scanned (hyprun.diag.probes.STEP_MULTIPLES)
     scans = {
         float(key[len(prefix) :]): dict(_finite(points))
         for key, points in ev.series.items()

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from diag.triage import Condition, Pattern
+from hyprun.diag.triage import Condition, Pattern
 
 HEALTHY_WAY = {">": -1, ">=": -1, "<": 1, "<=": 1}
 """Which way a firing condition's value must move to stop firing: down for `>`, up for `<`."""

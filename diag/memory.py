@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from diag.rules import static_table
+from hyprun.diag.rules import static_table
 
 GB = 1e9
 
@@ -111,8 +111,8 @@ def _shape(model: dict) -> dict[str, Any]:
 def count_params(model: dict, non_embedding: bool = False, active: bool = False) -> int:
     """Parameters of the built-in GPT from its config, tied weights counted once.
 
-    Mirrors runner.job.models.GPT.num_params without building the model, so a 1B config can be
-    checked on a laptop. `non_embedding` drops the token and position tables; `active` counts
+    Mirrors hyprun.runner.job.models.GPT.num_params without building the model, so a 1B config
+    can be checked on a laptop. `non_embedding` drops the token and position tables; `active` counts
     only the top_k experts a token passes through (what its FLOPs touch).
     """
     m = _shape(model)

@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 
 from pydantic import model_validator
 
-from diag.schema import Question, Strict, load
+from hyprun.diag.schema import Question, Strict, load
 
 TABLES = Path(__file__).parent / "tables"
 

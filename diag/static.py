@@ -17,11 +17,11 @@ from typing import Any
 
 import numpy as np
 
-from diag.comm import allreduce_estimate
-from diag.dedup import exact_duplicate_ratio, near_duplicate_ratio, overlap_ratio
-from diag.efficiency import transformer_flops_per_token
-from diag.memory import MemoryEstimate, activation_bytes, count_params, estimate_memory
-from diag.rules import static_table
+from hyprun.diag.comm import allreduce_estimate
+from hyprun.diag.dedup import exact_duplicate_ratio, near_duplicate_ratio, overlap_ratio
+from hyprun.diag.efficiency import transformer_flops_per_token
+from hyprun.diag.memory import MemoryEstimate, activation_bytes, count_params, estimate_memory
+from hyprun.diag.rules import static_table
 
 IGNORE_INDEX = -100
 SEVERITY = {"skip": 0, "pass": 1, "warn": 2, "fail": 3}

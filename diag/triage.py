@@ -24,9 +24,9 @@ import numpy as np
 from pydantic import Field as PydanticField
 from pydantic import model_validator
 
-from diag.evidence import Evidence, plain
-from diag.features import Feature, Features, evidence_for, features
-from diag.schema import QUESTIONS, Group, Question, Strict, read_yaml, validated
+from hyprun.diag.evidence import Evidence, plain
+from hyprun.diag.features import Feature, Features, evidence_for, features
+from hyprun.diag.schema import QUESTIONS, Group, Question, Strict, read_yaml, validated
 
 TABLES_DIR = Path(__file__).parent / "tables"
 """Where the shipped tables live."""
@@ -90,9 +90,9 @@ class Pattern(Strict):
     table: str
     """The method's table this row belongs to."""
     group: Group
-    """Where a report sorts the finding (one of diag.schema.GROUPS)."""
+    """Where a report sorts the finding (one of hyprun.diag.schema.GROUPS)."""
     question: Question
-    """Q1 | Q2 | Q3 (diag.schema.QUESTIONS)."""
+    """Q1 | Q2 | Q3 (hyprun.diag.schema.QUESTIONS)."""
     evidence: str
     """What was seen, in words; `{feature}` placeholders are filled with measured values."""
     cause: str
@@ -214,7 +214,7 @@ class Diagnosis:
 
 
 def _json_num(x: Any) -> Any:
-    """JSON-ready copy (see `diag.evidence.plain`)."""
+    """JSON-ready copy (see `hyprun.diag.evidence.plain`)."""
     return plain(x)
 
 

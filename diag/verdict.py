@@ -94,8 +94,8 @@ import yaml
 from pydantic import ConfigDict, Field, ValidationError
 from pydantic.dataclasses import dataclass as checked_dataclass
 
-from diag.metric import MetricSpec
-from diag.sequential import Design, Spending
+from hyprun.diag.metric import MetricSpec
+from hyprun.diag.sequential import Design, Spending
 
 __all__ = ["MetricSpec", "compare", "early_reject", "load_params"]
 

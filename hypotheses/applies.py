@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from hypotheses.schema import OVERRIDE, Card
+from hyprun.hypotheses.schema import OVERRIDE, Card
 
 _MISSING = object()
 

@@ -24,8 +24,8 @@ from pydantic import (
     model_validator,
 )
 
-from diag.metric import MetricSpec
-from diag.schema import Question, Strict, validated
+from hyprun.diag.metric import MetricSpec
+from hyprun.diag.schema import Question, Strict, validated
 
 CARDS_DIR = Path(__file__).parent
 """Where the shipped cards live (the package folder, so an installed wheel finds them too)."""

@@ -19,9 +19,9 @@ from hydra.errors import (
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
-from runner.errors import BadInput
+from hyprun.runner.errors import BadInput
 
-CONFIG_MODULE = "conf"
+CONFIG_MODULE = "hyprun.conf"
 APP_OUTPUT_DIR = "(the run's output folder)"
 """What an app's `${hydra:runtime.output_dir}` reads while hyprun compares configs: the same for
 every run, so folders never count as a change."""
@@ -139,7 +139,7 @@ def _composition(e: ConfigCompositionException, config_dir: str | None = None) -
         where = (
             f"the app's config in {config_dir}"
             if config_dir
-            else ("`python -m runner.job.train --cfg job`")
+            else ("`python -m hyprun.runner.job.train --cfg job`")
         )
         return (
             f"unknown config key {key!r}: check its spelling against {where}, "

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from runner.job import threads
+from hyprun.runner.job import threads
 from tests.helpers import free_port, start_mlflow_server
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from bench.diagnosis.faults import GPTWithBiasedRouter, GPTWithNaNAt, GPTWithSharpAttention
-from runner.job.models import GPT
+from hyprun.runner.job.models import GPT
 
 __all__ = [
     "GPTWithBiasedRouter",

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from mlflow.tracking import MlflowClient
 
-from runner.compose import compose
+from hyprun.runner.compose import compose
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from hypotheses.applies import unchanged_by
-from hypotheses.schema import load_cards
-from runner.control.diagnose import drop_noop_cards
+from hyprun.hypotheses.applies import unchanged_by
+from hyprun.hypotheses.schema import load_cards
+from hyprun.runner.control.diagnose import drop_noop_cards
 
 CARDS = load_cards()
 CONFIG = {

@@ -15,8 +15,8 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-from runner.cli.main import main as hyprun
-from runner.store.investigation import Store
+from hyprun.runner.cli.main import main as hyprun
+from hyprun.runner.store.investigation import Store
 
 ROOT = Path(__file__).parents[1]
 TOY = ROOT / "tests" / "apps" / "toy"

@@ -8,7 +8,7 @@ import tempfile
 
 from mlflow.tracking import MlflowClient
 
-from runner.store.tracking import read_run
+from hyprun.runner.store.tracking import read_run
 from tests.helpers import python_env
 
 
@@ -41,7 +41,7 @@ def test_reading_a_config_prints_no_progress_bar(workdir):
     env = python_env()
     env.pop("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", None)
     read = (
-        "import sys; from runner.store.tracking import read_run; "
+        "import sys; from hyprun.runner.store.tracking import read_run; "
         f"print(read_run({uri!r}, {run_id!r})[0])"
     )
     done = subprocess.run(

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from runner.cli.main import main as hyprun
+from hyprun.runner.cli.main import main as hyprun
 from tests.helpers import ROOT, python_env
 
 CASES = {
@@ -54,7 +54,7 @@ def test_hyprun_train_refuses(workdir, capsys, overrides, expected):
 def test_python_m_runner_train_refuses(tmp_path: Path, case: str):
     overrides, expected = CASES[case]
     done = subprocess.run(
-        [sys.executable, "-m", "runner.job.train", *overrides],
+        [sys.executable, "-m", "hyprun.runner.job.train", *overrides],
         cwd=tmp_path,
         env=python_env(),
         capture_output=True,
@@ -70,7 +70,8 @@ def test_python_m_runner_train_refuses(tmp_path: Path, case: str):
 
 @pytest.mark.slow  # builds and installs a wheel
 def test_installed_wheel_finds_conf(tmp_path: Path):
-    """conf/ ships in the wheel: an installed hyprun composes configs away from any checkout."""
+    """conf/ ships in the wheel as hyprun.conf: an installed hyprun composes configs away from any
+    checkout, beside a user's own conf/ and runner.py."""
     wheel_dir, target = tmp_path / "wheel", tmp_path / "site"
     subprocess.run(
         [
@@ -106,14 +107,19 @@ def test_installed_wheel_finds_conf(tmp_path: Path):
         capture_output=True,
         timeout=300,
     )
+    # A user's own conf/ and runner.py where hyprun runs: ours are hyprun.conf, hyprun.runner.
+    user = tmp_path / "user"
+    (user / "conf").mkdir(parents=True)
+    (user / "conf" / "__init__.py").write_text("raise ImportError('the user conf/ was imported')")
+    (user / "runner.py").write_text("raise ImportError('the user runner.py was imported')")
     probe = (
-        "import runner, conf; from runner.compose import compose; "
-        "print(runner.__file__); print(compose(['model=gpt_1b']).model.n_layer)"
+        "import hyprun.runner; from hyprun.runner.compose import compose; "
+        "print(hyprun.runner.__file__); print(compose(['model=gpt_1b']).model.n_layer)"
     )
-    env = python_env(PYTHONPATH=str(target))
+    env = python_env(PYTHONPATH=f"{user}:{target}")
     done = subprocess.run(
         [sys.executable, "-c", probe],
-        cwd=tmp_path,
+        cwd=user,
         env=env,
         capture_output=True,
         text=True,
@@ -263,9 +269,9 @@ def recorded(workdir, monkeypatch):
     two whose baseline drifted: 'config-drift' and 'code-drift'."""
     import json
 
-    from runner import provenance
-    from runner.control.controller import drift_key
-    from runner.store.investigation import Store
+    from hyprun.runner import provenance
+    from hyprun.runner.control.controller import drift_key
+    from hyprun.runner.store.investigation import Store
 
     uri = f"sqlite:///{workdir}/mlflow.db"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
@@ -324,8 +330,8 @@ def test_a_drifted_baseline_is_not_compared_against(recorded, capsys, name, expe
 def test_a_corrupt_checkpoint_is_refused(workdir, capsys, damage):
     """A checkpoint folder left broken (a torn write, a disk fault): one line saying how to start
     over, and nothing recorded."""
-    from runner.compose import compose
-    from runner.job.checkpoint import config_hash
+    from hyprun.runner.compose import compose
+    from hyprun.runner.job.checkpoint import config_hash
 
     overrides = [f"checkpoint.dir={workdir}/ckpt", "budget.tokens=4096"]
     cfg = compose(overrides)

@@ -12,9 +12,9 @@ from hydra.utils import instantiate
 from bench.diagnosis import compare
 from bench.diagnosis.run import load_scenarios, run_scenario
 from bench.diagnosis.table import relabel, render_markdown, right_verdict, summarize
-from diag.triage import TABLES_DIR, load_tables
-from hypotheses.schema import load_cards
-from runner.compose import compose
+from hyprun.diag.triage import TABLES_DIR, load_tables
+from hyprun.hypotheses.schema import load_cards
+from hyprun.runner.compose import compose
 
 COMMON, SCENARIOS = load_scenarios()
 BY_NAME = {s.name: s for s in SCENARIOS}

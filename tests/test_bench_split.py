@@ -35,8 +35,8 @@ from bench.diagnosis.split import (
     reference_of,
     run_sets,
 )
-from hypotheses.schema import load_cards
-from runner.compose import compose
+from hyprun.hypotheses.schema import load_cards
+from hyprun.runner.compose import compose
 
 SPLIT = load_split()
 

@@ -12,10 +12,10 @@ import pytest
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from diag.metric import MetricSpec
-from diag.triage import TABLES_DIR, load_tables
-from hypotheses import schema
-from hypotheses.schema import (
+from hyprun.diag.metric import MetricSpec
+from hyprun.diag.triage import TABLES_DIR, load_tables
+from hyprun.hypotheses import schema
+from hyprun.hypotheses.schema import (
     CARDS_DIR,
     MAX_BYTES,
     Card,
@@ -24,8 +24,8 @@ from hypotheses.schema import (
     load_cards,
     override_key,
 )
-from runner.compose import compose
-from runner.errors import BadInput
+from hyprun.runner.compose import compose
+from hyprun.runner.errors import BadInput
 
 CARDS = load_cards()
 PATTERNS = load_tables(TABLES_DIR)
@@ -489,7 +489,7 @@ def test_not_a_regular_file(tmp_path: Path):
 def test_group_switches_are_pinned_or_declared_compound(card_id: str):
     """The controller's rule on the default baseline: a card passes it as one variable, and
     declares `compound` exactly when its switch also moves keys both choices share."""
-    from runner.control.one_variable import measure
+    from hyprun.runner.control.one_variable import measure
 
     card = CARDS[card_id]
     try:

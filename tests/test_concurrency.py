@@ -10,9 +10,9 @@ import sys
 import pytest
 
 from bench.faults import RACERS, notice_count, notifying_baseline, race
-from runner.control import controller
-from runner.control.controller import EXIT_ESCALATED
-from runner.store.investigation import STRIKES, Store
+from hyprun.runner.control import controller
+from hyprun.runner.control.controller import EXIT_ESCALATED
+from hyprun.runner.store.investigation import STRIKES, Store
 from tests.helpers import python_env
 
 pytestmark = pytest.mark.slow  # several controllers racing, each running seed jobs: minutes
@@ -68,7 +68,7 @@ def test_two_commands_started_together_cannot_both_take_the_last_strike(mlflow_s
     command = [
         sys.executable,
         "-m",
-        "runner.cli.main",
+        "hyprun.runner.cli.main",
         "test",
         "--why",
         WHY,

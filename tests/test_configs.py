@@ -10,11 +10,11 @@ import pytest
 import torch
 from hydra.utils import instantiate
 
-from runner.compose import compose
-from runner.job.engine import deepspeed_config
-from runner.job.optim import build_optimizer
-from runner.job.schedules import Constant, Cosine, CosineWarmRestarts, WarmupStableDecay
-from runner.job.validate import validate
+from hyprun.runner.compose import compose
+from hyprun.runner.job.engine import deepspeed_config
+from hyprun.runner.job.optim import build_optimizer
+from hyprun.runner.job.schedules import Constant, Cosine, CosineWarmRestarts, WarmupStableDecay
+from hyprun.runner.job.validate import validate
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
 GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir() and p.name != "__pycache__")

@@ -11,14 +11,14 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 import pytest
 from mlflow.tracking import MlflowClient
 
-from runner.cli.main import main as hyprun
-from runner.cli.report import write_report
-from runner.control import controller
-from runner.control.controller import Refused, claim, record_baseline
-from runner.control.notify import notify
-from runner.control.one_variable import measure
-from runner.errors import BadInput
-from runner.store.investigation import Store
+from hyprun.runner.cli.main import main as hyprun
+from hyprun.runner.cli.report import write_report
+from hyprun.runner.control import controller
+from hyprun.runner.control.controller import Refused, claim, record_baseline
+from hyprun.runner.control.notify import notify
+from hyprun.runner.control.one_variable import measure
+from hyprun.runner.errors import BadInput
+from hyprun.runner.store.investigation import Store
 
 pytestmark = pytest.mark.slow  # each test records a baseline of seed jobs first: ~1-2 min each
 
@@ -164,7 +164,7 @@ def test_verdicts_strikes_escalation_and_reset(store, low_lr, workdir, webhook, 
     assert "`hyprun reset --investigation low-lr --by NAME --reason ...`" in text
     assert " · rejected · eval/loss " in client.get_run(state.tests[1].run_id).info.run_name
 
-    from runner.cli.report import write_report
+    from hyprun.runner.cli.report import write_report
 
     markdown, page = write_report(store, state, workdir / "report")
     assert "| H3 | `optim.lr=1e-07` | rejected |" in markdown.read_text()
@@ -270,8 +270,8 @@ def test_verify_promotes_the_fix_to_the_baseline(store, low_lr):
 
 def test_a_a_extra_seeds_posing_as_a_hypothesis_are_never_confirmed(store, low_lr):
     """The same config under other seeds: whatever the verdict, it must not be `confirmed`."""
-    from runner.control.controller import DEFAULT_PRIMARY, decide, job_config
-    from runner.job.train import run
+    from hyprun.runner.control.controller import DEFAULT_PRIMARY, decide, job_config
+    from hyprun.runner.job.train import run
 
     parent = low_lr.run_id
     others = [

@@ -15,9 +15,9 @@ import time
 import pytest
 
 from bench.faults import uninterrupted
-from diag.effect import change
-from runner.control.controller import DEFAULT_PRIMARY, decide, record_baseline
-from runner.store.investigation import Store
+from hyprun.diag.effect import change
+from hyprun.runner.control.controller import DEFAULT_PRIMARY, decide, record_baseline
+from hyprun.runner.store.investigation import Store
 from tests.helpers import metric_history, python_env
 
 # 16 steps of >= 0.25 s each: a window to kill the test's jobs mid-run.
@@ -36,7 +36,7 @@ def hyprun_test(workdir, uri: str) -> subprocess.Popen:
         [
             sys.executable,
             "-m",
-            "runner.cli.main",
+            "hyprun.runner.cli.main",
             "test",
             "optim.lr=3e-3",
             "--why",

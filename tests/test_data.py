@@ -1,4 +1,5 @@
-"""Tests for runner.job.data: stream determinism, loader layout, synthetic language, its knobs."""
+"""Tests for hyprun.runner.job.data: stream determinism, loader layout, synthetic language,
+its knobs."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from runner.job.data import (
+from hyprun.runner.job.data import (
     IGNORE_INDEX,
     Synthetic,
     TextFile,
@@ -19,7 +20,7 @@ from runner.job.data import (
     build_loader,
     heldout_batches,
 )
-from runner.job.data.synthetic import build_pools
+from hyprun.runner.job.data.synthetic import build_pools
 
 SMALL = dict(vocab_size=64, seq_len=32, n_train=512, n_heldout=64)
 
@@ -134,7 +135,7 @@ def test_sources_pickle_small(tmp_path):
 
 def test_hydra_instantiates_sources():
     hydra_utils = pytest.importorskip("hydra.utils")
-    source = hydra_utils.instantiate({"_target_": "runner.job.data.Synthetic", **SMALL})
+    source = hydra_utils.instantiate({"_target_": "hyprun.runner.job.data.Synthetic", **SMALL})
     assert isinstance(source, Synthetic) and source.seq_len == 32
 
 
@@ -323,7 +324,7 @@ def test_loader_delay_slows_train():
 
 
 def test_near_duplicates_are_planted_and_dedup_removes_exact_and_near_copies():
-    from diag.dedup import exact_duplicate_ratio, near_duplicate_ratio
+    from hyprun.diag.dedup import exact_duplicate_ratio, near_duplicate_ratio
 
     planted = Synthetic(**SMALL, duplicate_frac=0.3, near_duplicate_frac=0.1)
     x, y = (t.numpy() for t in planted.train(0, planted.pool_size, 0))

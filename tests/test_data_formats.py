@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from datasets import Dataset, DatasetDict, disable_progress_bars
 
-from runner.cli.main import main as hyprun
-from runner.job.data import HFDataset, NpyFile, TokenFile
-from runner.job.train import run
+from hyprun.runner.cli.main import main as hyprun
+from hyprun.runner.job.data import HFDataset, NpyFile, TokenFile
+from hyprun.runner.job.train import run
 from tests.helpers import job_config
 
 BIG_VOCAB = 70_000  # above 65,535: does not fit uint16

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from runner.cli.demo import run_demo
-from runner.cli.main import main as hyprun
-from runner.store.investigation import Store
+from hyprun.runner.cli.demo import run_demo
+from hyprun.runner.cli.main import main as hyprun
+from hyprun.runner.store.investigation import Store
 
 pytestmark = pytest.mark.slow  # the whole demo: two investigations, minutes on 2 cores
 

@@ -8,9 +8,9 @@ import json
 import pytest
 from mlflow.tracking import MlflowClient
 
-from runner.cli.main import main as hyprun
-from runner.control.diagnose import diagnose
-from runner.job.train import run
+from hyprun.runner.cli.main import main as hyprun
+from hyprun.runner.control.diagnose import diagnose
+from hyprun.runner.job.train import run
 from tests.helpers import job_config
 
 COMMON = ["budget.tokens=65536", "budget.eval_every_tokens=16384", "probes.every_steps=4"]

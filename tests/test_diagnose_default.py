@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from runner.cli.main import main as hyprun
-from runner.job.train import run
-from runner.store.investigation import Store
+from hyprun.runner.cli.main import main as hyprun
+from hyprun.runner.job.train import run
+from hyprun.runner.store.investigation import Store
 from tests.helpers import job_config
 
 pytestmark = pytest.mark.slow  # a baseline of seed jobs

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from diag.effect import change, describe, metric_key, percent
-from diag.verdict import MetricSpec, compare
+from hyprun.diag.effect import change, describe, metric_key, percent
+from hyprun.diag.verdict import MetricSpec, compare
 
 
 def runs(values: list[float], tokens: int = 4096) -> dict[int, list[tuple[int, float]]]:

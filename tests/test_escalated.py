@@ -10,9 +10,9 @@ import json
 
 import pytest
 
-from runner.cli.main import main as hyprun
-from runner.cli.main import parser
-from runner.store.investigation import INVESTIGATION, ROLE, Store
+from hyprun.runner.cli.main import main as hyprun
+from hyprun.runner.cli.main import parser
+from hyprun.runner.store.investigation import INVESTIGATION, ROLE, Store
 
 
 def run_cli(*args: str) -> int:

@@ -6,11 +6,11 @@ the features the rows read; the rows and cards are the shipped ones."""
 
 from __future__ import annotations
 
-from diag.fixed import finding_changes
-from diag.triage import load_tables
-from hypotheses.schema import load_cards
-from runner.control.fixed import fixed_lines
-from runner.store.investigation import Test
+from hyprun.diag.fixed import finding_changes
+from hyprun.diag.triage import load_tables
+from hyprun.hypotheses.schema import load_cards
+from hyprun.runner.control.fixed import fixed_lines
+from hyprun.runner.store.investigation import Test
 
 SCAN = "held-out loss lowest at 8x the step taken (scanned 0/1/2/4/8x)"
 LR_UP = Test("run", 1, ["optim.lr=0.001"], "optim.lr", "lr_up_10x", "confirmed", 0, {})

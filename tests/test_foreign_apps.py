@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from runner.cli.main import main as hyprun
-from runner.store.investigation import Store
+from hyprun.runner.cli.main import main as hyprun
+from hyprun.runner.store.investigation import Store
 
 WHY = "I think the LR is too low because the held-out loss barely moves"
 

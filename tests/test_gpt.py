@@ -1,4 +1,5 @@
-"""Behavioural tests for runner.job.models.GPT (tiny CPU configs, the file well under a minute)."""
+"""Behavioural tests for hyprun.runner.job.models.GPT (tiny CPU configs, the file well under a
+minute)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from runner.job.models import GPT
-from runner.job.models.gpt import CausalSelfAttention, MoE, Rotary, default_d_ff
+from hyprun.runner.job.models import GPT
+from hyprun.runner.job.models.gpt import CausalSelfAttention, MoE, Rotary, default_d_ff
 
 VOCAB, SEQ = 64, 16
 TINY = dict(vocab_size=VOCAB, seq_len=SEQ, n_layer=2, n_head=4, d_model=32)

@@ -31,7 +31,7 @@ def test_gpu_check_runs_on_a_cpu_and_prints_its_table():
         "per-step NaN check / off",
         "fp16 with dynamic loss scaling",
         "planted NaN",
-        "peak memory / diag.memory estimate",
+        "peak memory / hyprun.diag.memory estimate",
     ):
         assert check in table, table
     assert "no result" not in table and "FAIL" not in table, table

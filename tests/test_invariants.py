@@ -37,12 +37,12 @@ from hypothesis.stateful import (
 )
 from mlflow.tracking import MlflowClient
 
-from hypotheses.schema import load_cards
-from runner.cli.main import main as hyprun
-from runner.control.controller import choose, record_baseline
-from runner.control.one_variable import measure
-from runner.errors import BadInput
-from runner.store.investigation import STRIKES, Store
+from hyprun.hypotheses.schema import load_cards
+from hyprun.runner.cli.main import main as hyprun
+from hyprun.runner.control.controller import choose, record_baseline
+from hyprun.runner.control.one_variable import measure
+from hyprun.runner.errors import BadInput
+from hyprun.runner.store.investigation import STRIKES, Store
 from tests.helpers import python_env
 
 # CI: a fixed seed, no example database, and no shrinking (each step runs real commands): a
@@ -368,7 +368,7 @@ class Investigation(RuleBasedStateMachine):
         it resumes the test, runs it afresh (killed before its claim) or says it was tested."""
         if self.status()["escalated"] or not self.is_new(hypothesis):
             return
-        command = [sys.executable, "-m", "runner.cli.main", "test", *hypothesis]
+        command = [sys.executable, "-m", "hyprun.runner.cli.main", "test", *hypothesis]
         command += ["--why", WHY, "--investigation", "inv"]
         process = subprocess.Popen(
             command,

@@ -9,10 +9,10 @@ import sys
 
 import pytest
 
-from runner.control.controller import where_tests_run
-from runner.errors import BadInput
-from runner.job import dist
-from runner.launch.launchers import (
+from hyprun.runner.control.controller import where_tests_run
+from hyprun.runner.errors import BadInput
+from hyprun.runner.job import dist
+from hyprun.runner.launch.launchers import (
     InProcess,
     Slurm,
     launcher_for,
@@ -20,7 +20,7 @@ from runner.launch.launchers import (
     safe_name,
     split,
 )
-from runner.store.investigation import State
+from hyprun.runner.store.investigation import State
 
 
 def test_launcher_overrides_are_split_from_the_job_and_compose_hydra_submitit_configs(tmp_path):
@@ -95,7 +95,7 @@ def test_a_build_lock_left_by_a_killed_process_does_not_hang_the_next_job(monkey
     """torch waits forever on an extension's build lock; a process killed holding it leaves one."""
     for key in ("RANK", "WORLD_SIZE", "MASTER_PORT", "TORCH_EXTENSIONS_DIR", "SLURM_PROCID"):
         monkeypatch.delenv(key, raising=False)
-    join = [sys.executable, "-c", "from runner.job import dist; print(dist.init().world)"]
+    join = [sys.executable, "-c", "from hyprun.runner.job import dist; print(dist.init().world)"]
     subprocess.run(join, check=True, timeout=600)  # builds the extension once per venv (~40 s)
     leftover = dist.extensions_dir() / "deepspeed_shm_comm" / "lock"
     leftover.touch()

@@ -49,6 +49,7 @@ FORBIDDEN = {
     "hypotheses": {"mlflow", "deepspeed", "torch"},
 }
 MLFLOW_ONLY_IN = "runner.store"
+PACKAGES = ("runner", "diag", "hypotheses", "conf")  # installed as hyprun.runner, ...
 
 
 def room_of(module: str) -> str:
@@ -79,9 +80,15 @@ def imports_of(path: Path) -> set[str]:
 
 
 def violations(module: str, imported: set[str]) -> list[str]:
+    """`module` is named by its folder (`runner.job.train`), as rooms are; ours are imported
+    under the hyprun namespace, so that a user's own `runner` or `conf` never shadows them."""
     room = room_of(module)
     found = []
     for name in sorted(imported):
+        if name.split(".")[0] in PACKAGES:
+            found.append(f"{module} imports {name}: import it as hyprun.{name}")
+            continue
+        name = name.removeprefix("hyprun.")
         top = name.split(".")[0]
         if top in ("runner", "diag", "hypotheses"):
             target = room_of(name)
@@ -107,11 +114,13 @@ def test_imports_run_one_way():
 @pytest.mark.parametrize(
     "module, imported",
     [
-        ("runner.job.train", {"runner.control.controller"}),
-        ("runner.store.tracking", {"runner.job.result"}),
+        ("runner.job.train", {"hyprun.runner.control.controller"}),
+        ("runner.store.tracking", {"hyprun.runner.job.result"}),
         ("runner.control.controller", {"mlflow.tracking"}),
-        ("diag.triage", {"runner.errors"}),
+        ("diag.triage", {"hyprun.runner.errors"}),
         ("diag.verdict", {"mlflow"}),
+        ("runner.cli.main", {"runner.control.controller"}),  # a bare name a user's could shadow
+        ("runner.job.train", {"conf"}),
     ],
 )
 def test_a_wrong_way_import_is_caught(module, imported):
@@ -121,7 +130,8 @@ def test_a_wrong_way_import_is_caught(module, imported):
 def test_commands_that_read_the_store_do_not_import_torch():
     """The controller reads job results as JobResult: importing it must not start torch."""
     code = (
-        "import sys, runner.store.investigation, runner.job.result, runner.cli.report\n"
+        "import sys, hyprun.runner.store.investigation, hyprun.runner.job.result\n"
+        "import hyprun.runner.cli.report\n"
         "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'deepspeed'}))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -146,7 +156,7 @@ WAITED_ON = {
 }
 REPORT_MODULES = (
     "import json, sys\n"
-    "from runner.cli.main import main\n"
+    "from hyprun.runner.cli.main import main\n"
     "try:\n"
     "    main(sys.argv[1:])\n"
     "except SystemExit as done:\n"

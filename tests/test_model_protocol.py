@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from runner.cli.main import main as hyprun
-from runner.job.model_protocol import model_node
-from runner.job.train import run
+from hyprun.runner.cli.main import main as hyprun
+from hyprun.runner.job.model_protocol import model_node
+from hyprun.runner.job.train import run
 from tests.helpers import job_config, metric_history
 
 STRICT = "model._target_=tests.user_models.StrictLM"

@@ -9,7 +9,7 @@ import sys
 import pytest
 from mlflow.tracking import MlflowClient
 
-from runner.job.train import run
+from hyprun.runner.job.train import run
 from tests.helpers import free_port, job_config, metric_history, python_env
 
 pytestmark = pytest.mark.slow  # two-process DeepSpeed jobs under two launchers
@@ -25,7 +25,9 @@ LAUNCHERS = {
 def test_zero2_two_processes_match_one(workdir, launcher):
     uri = f"sqlite:///{workdir}/mlflow.db"
     module = (
-        ["--module", "runner.job.train"] if launcher == "deepspeed" else ["-m", "runner.job.train"]
+        ["--module", "hyprun.runner.job.train"]
+        if launcher == "deepspeed"
+        else ["-m", "hyprun.runner.job.train"]
     )
     command = [
         sys.executable,

@@ -3,8 +3,8 @@ feature the run lacks are skipped and listed with the evidence they need, never 
 
 from __future__ import annotations
 
-from diag.features import NEEDS, evidence_for, features
-from diag.triage import holds, load_tables, triage
+from hyprun.diag.features import NEEDS, evidence_for, features
+from hyprun.diag.triage import holds, load_tables, triage
 from tests.test_triage import drop_probes, healthy
 
 

@@ -14,7 +14,7 @@ import time
 import pytest
 from mlflow.tracking import MlflowClient
 
-from runner.store.tracking import RETRY_S
+from hyprun.runner.store.tracking import RETRY_S
 from tests.helpers import free_port, metric_history, python_env, start_mlflow_server
 
 pytestmark = pytest.mark.slow  # a job against a server that stops and restarts: ~1 min
@@ -86,7 +86,7 @@ def _job_logging_to_a_server(folder, *overrides: str):
         [
             sys.executable,
             "-m",
-            "runner.job.train",
+            "hyprun.runner.job.train",
             *BUDGET,
             *overrides,
             f"checkpoint.dir={folder}/ckpt",
@@ -125,7 +125,7 @@ def test_a_server_that_never_returns_leaves_the_evidence_and_the_upload_command(
     server = start_mlflow_server(tmp_path, port)
     try:
         done = subprocess.run(
-            [sys.executable, "-m", "runner.cli.main", "upload", str(spool), "--uri", uri],
+            [sys.executable, "-m", "hyprun.runner.cli.main", "upload", str(spool), "--uri", uri],
             cwd=tmp_path,
             env=python_env(),
             capture_output=True,

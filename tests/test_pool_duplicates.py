@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 from omegaconf import OmegaConf
 
-from diag.evidence import Evidence
-from diag.triage import triage
-from runner.compose import compose
-from runner.control.diagnose import static_checks
+from hyprun.diag.evidence import Evidence
+from hyprun.diag.triage import triage
+from hyprun.runner.compose import compose
+from hyprun.runner.control.diagnose import static_checks
 
 
 def checks_of(*overrides: str) -> dict[str, dict]:

@@ -11,9 +11,9 @@ import torch
 from mlflow.tracking import MlflowClient
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
 
-from runner.cli.main import main as hyprun
-from runner.control.diagnose import diagnose
-from runner.job.callbacks import HyprunTrainerCallback
+from hyprun.runner.cli.main import main as hyprun
+from hyprun.runner.control.diagnose import diagnose
+from hyprun.runner.job.callbacks import HyprunTrainerCallback
 from tests.helpers import metric_history
 
 pytestmark = pytest.mark.slow  # transformers' Trainer: its import and a few steps
@@ -188,7 +188,7 @@ def test_a_requeued_trainer_resumes_from_its_last_complete_checkpoint(tmp_path):
     Trainer refuses it; the last complete one resumes."""
     from transformers.trainer_utils import get_last_checkpoint
 
-    from runner.job.callbacks import last_complete_checkpoint
+    from hyprun.runner.job.callbacks import last_complete_checkpoint
 
     out = tmp_path / "out"
 

@@ -12,7 +12,7 @@ import torch
 from mlflow.tracking import MlflowClient
 from torch import nn
 
-from runner.job.callbacks import HyprunLightningCallback
+from hyprun.runner.job.callbacks import HyprunLightningCallback
 from tests.helpers import metric_history
 
 pytestmark = pytest.mark.slow  # lightning's Trainer: its import and a few steps

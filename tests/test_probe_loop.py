@@ -10,8 +10,8 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-from runner.job.models import GPT
-from runner.job.probe import Probe
+from hyprun.runner.job.models import GPT
+from hyprun.runner.job.probe import Probe
 from tests.helpers import metric_history
 
 BATCH, SEQ, VOCAB = 4, 32, 64
@@ -107,7 +107,7 @@ def test_bad_settings_are_refused_before_any_run(uri, workdir, options, expected
 def test_grad_norm_under_zero_equals_the_unsharded_one(uri, stage):
     import deepspeed
 
-    from runner.job import dist
+    from hyprun.runner.job import dist
 
     dist.init()
     model = gpt()

@@ -10,8 +10,8 @@ import pytest
 import torch
 from hydra.utils import instantiate
 
-from runner.job.data.loader import build_loader
-from runner.job.train import run
+from hyprun.runner.job.data.loader import build_loader
+from hyprun.runner.job.train import run
 from tests.helpers import job_config, metric_history
 
 SLOW = pytest.mark.slow  # stages 0 and 2 stay in the fast tier: they cover the sharded path
@@ -155,7 +155,7 @@ def test_a_nan_mid_step_is_caught_at_its_step_before_it_reaches_the_weights(work
 def test_cpu_peak_is_the_best_this_machine_has_shown(tmp_path):
     """A busy machine only lowers a matmul timing: the peak is the best measurement, kept per
     machine, and measuring it leaves the job's random stream alone."""
-    from runner.job.instrument import _cpu_key, cpu_peak
+    from hyprun.runner.job.instrument import _cpu_key, cpu_peak
 
     cache = tmp_path / "cpu_peak.json"
     state = torch.get_rng_state()
@@ -168,7 +168,7 @@ def test_cpu_peak_is_the_best_this_machine_has_shown(tmp_path):
 
 def test_an_mfu_above_one_remeasures_the_cpu_peak():
     """A peak measured while the machine was busy reads MFU > 1: measured again, not clamped."""
-    from runner.job.instrument import PeakFlops
+    from hyprun.runner.job.instrument import PeakFlops
 
     peak = PeakFlops(torch.device("cpu"), "fp32")
     peak.value = 1e6  # as if measured under heavy load
@@ -187,8 +187,8 @@ def test_an_mfu_above_one_is_never_logged_as_mfu(workdir):
 
 
 def test_layer_profile_decomposes_a_step(workdir):
-    from runner.compose import compose
-    from runner.job.profile import profile_layers
+    from hyprun.runner.compose import compose
+    from hyprun.runner.job.profile import profile_layers
 
     found = profile_layers(compose(["model.n_layer=3"]), steps=2, warmup=1)
     assert {"blocks.0", "blocks.1", "blocks.2", "lm_head"} <= found.keys()

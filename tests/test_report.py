@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from mlflow.entities import Metric, Param
 
-from runner.cli.report import write_report
-from runner.store.investigation import State, Store, baseline_seed_key
+from hyprun.runner.cli.report import write_report
+from hyprun.runner.store.investigation import State, Store, baseline_seed_key
 
 BUDGET = 4096
 MARKS = (1024, 2048, 3072, 4096)

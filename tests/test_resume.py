@@ -1,6 +1,7 @@
 """Interrupted jobs resume into the same MLflow run and end exactly where an uninterrupted one does.
 
-The jobs run as real subprocesses (`python -m runner.job.train`) and are stopped with real signals.
+The jobs run as real subprocesses (`python -m hyprun.runner.job.train`) and are stopped with
+real signals.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ def start(workdir: Path, experiment: str) -> subprocess.Popen:
         [
             sys.executable,
             "-m",
-            "runner.job.train",
+            "hyprun.runner.job.train",
             *OVERRIDES,
             f"tracking.uri=sqlite:///{workdir}/mlflow.db",
             f"tracking.experiment={experiment}",

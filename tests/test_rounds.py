@@ -12,10 +12,10 @@ import threading
 
 import pytest
 
-import diag.verdict
-from runner.control import controller
-from runner.control.controller import claim_baseline_seed, record_baseline
-from runner.store.investigation import Store
+import hyprun.diag.verdict
+from hyprun.runner.control import controller
+from hyprun.runner.control.controller import claim_baseline_seed, record_baseline
+from hyprun.runner.store.investigation import Store
 from tests.helpers import python_env
 
 TINY = ["budget.tokens=8192", "budget.eval_every_tokens=4096", "probes=off"]
@@ -32,14 +32,14 @@ def undecidable():
     """A table whose boundaries no test can cross (z_confirm 50): every look is inconclusive,
     so a test runs every round its caps allow. One seed added per round. `.undo()` restores
     the shipped table."""
-    params = diag.verdict.load_params()
+    params = hyprun.diag.verdict.load_params()
     params = dataclasses.replace(
         params,
         z_confirm=50.0,
         sequential=dataclasses.replace(params.sequential, round_seeds=1),
     )
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(diag.verdict, "load_params", lambda *args: params)
+        patch.setattr(hyprun.diag.verdict, "load_params", lambda *args: params)
         patch.setattr(controller, "load_params", lambda *args: params)
         yield patch
 
@@ -77,7 +77,15 @@ def test_rounds_add_shared_baseline_seeds_and_a_no_op_says_so(store, workdir, un
     assert noop.verdict["seeds"] == 2  # no round was added to a no-op
 
     status = subprocess.run(
-        [sys.executable, "-m", "runner.cli.main", "status", "--json", "--investigation", "rounds"],
+        [
+            sys.executable,
+            "-m",
+            "hyprun.runner.cli.main",
+            "status",
+            "--json",
+            "--investigation",
+            "rounds",
+        ],
         env=python_env(MLFLOW_TRACKING_URI=store.uri),
         capture_output=True,
         text=True,

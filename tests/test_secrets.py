@@ -32,7 +32,7 @@ def test_secrets_are_redacted_everywhere(tmp_path):
         "tracking.run_name=job-${oc.env:CLOUD_SECRET}-${oc.env:OPENAI_API_KEY}",
     ]
     done = subprocess.run(
-        [sys.executable, "-m", "runner.job.train", *overrides],
+        [sys.executable, "-m", "hyprun.runner.job.train", *overrides],
         cwd=tmp_path,
         env=python_env(MLFLOW_TRACKING_URI=uri, **SECRETS),
         capture_output=True,

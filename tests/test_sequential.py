@@ -9,9 +9,9 @@ import math
 import numpy as np
 import pytest
 
-from diag.metric import MetricSpec
-from diag.sequential import boundaries, fixed, plan, spent
-from diag.verdict import compare, early_reject, load_params
+from hyprun.diag.metric import MetricSpec
+from hyprun.diag.sequential import boundaries, fixed, plan, spent
+from hyprun.diag.verdict import compare, early_reject, load_params
 from tests.test_verdict import BUDGET, LOSS, family
 
 ALPHA = load_params().alpha  # P(Z > 2) = 2.28%

@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
-from diag.comm import allreduce_estimate, ring_allreduce_bytes
-from diag.dedup import exact_duplicate_ratio, near_duplicate_ratio, overlap_ratio
-from diag.memory import activation_bytes, count_params, estimate_memory
-from diag.static import DataSample, DeviceInfo, device_info, run_checks, worst
-from runner.compose import compose
-from runner.job.data import Synthetic
-from runner.job.models import GPT
+from hyprun.diag.comm import allreduce_estimate, ring_allreduce_bytes
+from hyprun.diag.dedup import exact_duplicate_ratio, near_duplicate_ratio, overlap_ratio
+from hyprun.diag.memory import activation_bytes, count_params, estimate_memory
+from hyprun.diag.static import DataSample, DeviceInfo, device_info, run_checks, worst
+from hyprun.runner.compose import compose
+from hyprun.runner.job.data import Synthetic
+from hyprun.runner.job.models import GPT
 
 A100_40 = DeviceInfo("A100-40GB", memory_gb=40.0, link_gbps=2400.0, world=8)
 LAPTOP = DeviceInfo("cpu", memory_gb=16.0, link_gbps=None, world=1)
@@ -373,7 +373,7 @@ def test_a_typo_in_the_static_table_is_one_line_naming_file_and_field(
     tmp_path, before, after, named
 ):
     """The L0 settings are validated when read, not a KeyError in the middle of a check."""
-    from diag.rules import TABLES, static_table
+    from hyprun.diag.rules import TABLES, static_table
 
     text = (TABLES / "static.yaml").read_text()
     assert before in text
@@ -386,7 +386,7 @@ def test_a_typo_in_the_static_table_is_one_line_naming_file_and_field(
 
 
 def test_a_device_peak_without_a_precision_is_refused(tmp_path):
-    from diag.rules import peaks
+    from hyprun.diag.rules import peaks
 
     table = tmp_path / "hardware.yaml"
     table.write_text("peaks:\n  - {match: H100, bf16: 989.0e12, fp16: 989.0e12}\n")

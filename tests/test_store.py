@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from runner.cli.main import main as hyprun
-from runner.errors import BadInput
-from runner.store.investigation import Store, view_keys
+from hyprun.runner.cli.main import main as hyprun
+from hyprun.runner.errors import BadInput
+from hyprun.runner.store.investigation import Store, view_keys
 from tests.helpers import after_importing_runner
 
 
@@ -106,8 +106,8 @@ def _test(store: Store, parent: str, number: int, variable: str, card: str = "")
 
 
 def test_findings_no_test_touched_are_named_until_a_test_touches_them(uri):
-    from runner.control.controller import escalation_findings, summary
-    from runner.store.investigation import findings_lines
+    from hyprun.runner.control.controller import escalation_findings, summary
+    from hyprun.runner.store.investigation import findings_lines
 
     store = Store(uri, "hyprun")
     parent = _investigation(store)
@@ -132,7 +132,7 @@ def test_findings_no_test_touched_are_named_until_a_test_touches_them(uri):
 
 
 def test_the_parent_run_follows_its_tests_not_its_baseline(uri):
-    from runner.control.controller import settle
+    from hyprun.runner.control.controller import settle
 
     store = Store(uri, "hyprun")
     parent = _investigation(store)
@@ -157,7 +157,7 @@ def test_the_parent_run_follows_its_tests_not_its_baseline(uri):
 
 
 def test_links_open_the_runs_not_the_genai_overview(uri):
-    from runner.store.investigation import links, save_views
+    from hyprun.runner.store.investigation import links, save_views
 
     store = Store(uri, "hyprun")
     parent = _investigation(store)

@@ -9,8 +9,8 @@ import pytest
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 
-from runner.errors import BadInput
-from runner.store import direct
+from hyprun.runner.errors import BadInput
+from hyprun.runner.store import direct
 from tests.helpers import free_port
 
 

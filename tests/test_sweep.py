@@ -10,9 +10,9 @@ import optuna
 import pytest
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
-from diag.verdict import MetricSpec, bonferroni_z, compare
-from runner.control.controller import record_baseline
-from runner.control.sweep import (
+from hyprun.diag.verdict import MetricSpec, bonferroni_z, compare
+from hyprun.runner.control.controller import record_baseline
+from hyprun.runner.control.sweep import (
     BaselinePruner,
     TrialWatch,
     candidate_deltas,
@@ -20,8 +20,8 @@ from runner.control.sweep import (
     parse,
     sweep,
 )
-from runner.errors import BadInput
-from runner.store.investigation import Store
+from hyprun.runner.errors import BadInput
+from hyprun.runner.store.investigation import Store
 
 SPEC = MetricSpec("eval/loss", "min", 0.01)
 

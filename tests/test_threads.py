@@ -10,9 +10,9 @@ import sys
 import pytest
 from mlflow.tracking import MlflowClient
 
-from runner.errors import BadInput
-from runner.job import threads
-from runner.job.train import run
+from hyprun.runner.errors import BadInput
+from hyprun.runner.job import threads
+from hyprun.runner.job.train import run
 from tests.helpers import after_importing_runner, job_config, python_env
 
 AFFINITY = len(os.sched_getaffinity(0))
@@ -21,7 +21,7 @@ AFFINITY = len(os.sched_getaffinity(0))
 @pytest.mark.skipif(shutil.which("taskset") is None, reason="needs taskset (util-linux)")
 def test_a_process_pinned_to_one_cpu_gets_one_thread():
     """A real affinity mask, set by taskset as Slurm's or a container's cpuset would."""
-    read = "from runner.job.threads import cpu_share; print(cpu_share({}).count)"
+    read = "from hyprun.runner.job.threads import cpu_share; print(cpu_share({}).count)"
     done = subprocess.run(
         ["taskset", "-c", "0", sys.executable, "-c", read],
         env=python_env(),
@@ -111,7 +111,7 @@ def test_a_thread_count_that_is_not_one_is_refused_before_anything_is_written(wo
 def test_a_users_app_gets_the_same_count_and_its_run_records_it(workdir, monkeypatch):
     """Whatever our job gets, an app run by hyprun gets: in its subprocess's environment, and
     on its seed run."""
-    from runner.store.investigation import Store
+    from hyprun.runner.store.investigation import Store
     from tests.test_apps import ROOT, declare, run_cli
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{workdir}/mlflow.db")

@@ -7,8 +7,8 @@ import math
 import pytest
 from mlflow.tracking import MlflowClient
 
-from runner.errors import BadInput
-from runner.job.train import run
+from hyprun.runner.errors import BadInput
+from hyprun.runner.job.train import run
 from tests.helpers import job_config, metric_history
 
 

@@ -15,11 +15,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from diag import series as S
-from diag.evidence import Evidence
-from diag.features import features
-from diag.spikes import SpikeDetector, find_spikes
-from diag.triage import TABLES_DIR, Condition, holds, load_obvious, load_tables, triage
+from hyprun.diag import series as S
+from hyprun.diag.evidence import Evidence
+from hyprun.diag.features import features
+from hyprun.diag.spikes import SpikeDetector, find_spikes
+from hyprun.diag.triage import TABLES_DIR, Condition, holds, load_obvious, load_tables, triage
 
 TOK = 1024  # tokens per logged step
 N = 200  # logged steps
@@ -1066,9 +1066,9 @@ NO_CARD_ROWS = {"noisy_labels", "noisy_labels_flat"}
 def test_diag_triage_is_pure():
     """diag computes; it must not pull in the training stack."""
     code = (
-        "import sys, diag.triage, diag.spikes\n"
-        "bad = {m.split('.')[0] for m in sys.modules} & "
-        "{'torch', 'mlflow', 'hydra', 'deepspeed', 'runner'}\n"
+        "import sys, hyprun.diag.triage, hyprun.diag.spikes\n"
+        "bad = {m.split('.')[0] for m in sys.modules} & {'torch', 'mlflow', 'hydra', 'deepspeed'}\n"
+        "bad |= {m for m in sys.modules if m.startswith('hyprun.runner')}\n"
         "print(sorted(bad))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -12,7 +12,7 @@ from statistics import NormalDist
 import numpy as np
 import pytest
 
-from diag.verdict import (
+from hyprun.diag.verdict import (
     TABLE,
     EarlyStop,
     MetricSpec,
@@ -462,7 +462,7 @@ def test_table_loads_and_rejects_unknown_keys(tmp_path):
 
 
 def test_triage_table_loader_skips_the_verdict_table():
-    from diag.triage import load_tables
+    from hyprun.diag.triage import load_tables
 
     assert all("verdict.yaml" not in row.source for row in load_tables())
 

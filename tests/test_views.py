@@ -10,8 +10,8 @@ import json
 
 import pytest
 
-from runner.control.controller import arm_name
-from runner.store.investigation import (
+from hyprun.runner.control.controller import arm_name
+from hyprun.runner.store.investigation import (
     ARM,
     INVESTIGATION,
     MARGIN,

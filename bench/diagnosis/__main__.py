@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"unknown scenario(s): {', '.join(unknown)}", file=sys.stderr)
             return 2
         scenarios = [s for s in scenarios if s.name in args.only]
-    from runner.provenance import git_state
+    from hyprun.runner.provenance import git_state
 
     sha, dirty = git_state()
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="hyprun-bench-")).resolve()

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.diagnosis.table import relabel, right_verdict, write
-from runner import markdown
+from hyprun.runner import markdown
 
 
 def load(folder: Path) -> dict[str, Any]:
@@ -31,7 +31,7 @@ def load(folder: Path) -> dict[str, Any]:
 def relabel_runs(folders: list[Path]) -> None:
     """Each folder's recorded run scored against scenarios.yaml's labels, rewritten in place."""
     from bench.diagnosis.run import load_scenarios
-    from runner.provenance import git_state
+    from hyprun.runner.provenance import git_state
 
     labels = {scenario.name: scenario.fix for scenario in load_scenarios()[1]}
     sha, dirty = git_state()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from runner.job.models import GPT
+from hyprun.runner.job.models import GPT
 
 
 class GPTWithSharpAttention(GPT):

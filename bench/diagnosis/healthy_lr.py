@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from bench.diagnosis.split import load_split, run_entry
-    from runner.provenance import git_state
+    from hyprun.runner.provenance import git_state
 
     torch.set_num_threads(1)
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="hyprun-lr-")).resolve()

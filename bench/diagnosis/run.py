@@ -131,11 +131,11 @@ def _investigate(
     result: dict[str, Any],
     max_seeds: int | None,
 ) -> None:
-    from hypotheses.schema import load_cards
-    from runner.control import controller
-    from runner.control.diagnose import diagnose
-    from runner.errors import BadInput
-    from runner.store.investigation import Store
+    from hyprun.hypotheses.schema import load_cards
+    from hyprun.runner.control import controller
+    from hyprun.runner.control.diagnose import diagnose
+    from hyprun.runner.errors import BadInput
+    from hyprun.runner.store.investigation import Store
 
     store = Store(f"sqlite:///{workdir}/mlflow.db", EXPERIMENT)
     name = scenario.name
@@ -264,7 +264,7 @@ def _float(value: str | float | None) -> float | None:
 
 
 def _composed(overrides: list[str]):
-    from runner.compose import compose
+    from hyprun.runner.compose import compose
 
     return compose(overrides)
 
@@ -277,7 +277,7 @@ def worker_setup(threads: int, sha: str) -> None:
     already imported, so the SHA is pinned to the one the benchmark reports."""
     import torch
 
-    from runner import provenance
+    from hyprun.runner import provenance
 
     torch.set_num_threads(threads)
     provenance.git_state = lambda root=None: (sha, False)

@@ -152,8 +152,8 @@ def run_entry(
     """One job of one entry, diagnosed; a plain result dict (errors are results too)."""
     from omegaconf import OmegaConf
 
-    from runner.compose import compose
-    from runner.job.train import run
+    from hyprun.runner.compose import compose
+    from hyprun.runner.job.train import run
 
     name = name_of(item)
     start = time.monotonic()
@@ -188,7 +188,7 @@ def run_entry(
 
 def diagnosed(uri: str, run_id: str) -> dict[str, Any]:
     """The findings of a recorded run as `hyprun diagnose` ranks them, and its features."""
-    from runner.control.diagnose import diagnose
+    from hyprun.runner.control.diagnose import diagnose
 
     _, document = diagnose(uri, run_id, EXPERIMENT)
     features = document["features"]
@@ -283,7 +283,7 @@ def failing(findings: list[dict[str, Any]]) -> list[str]:
 
 def card_orders(result: dict[str, Any], cards: dict, rng: np.random.Generator) -> dict[str, Any]:
     """Strikes and tests to the fix under the three orders (simulated, see the docstring)."""
-    from hypotheses.applies import unchanged_by
+    from hyprun.hypotheses.applies import unchanged_by
 
     config = result.get("config") or {}
     useful = [c for c in sorted(cards) if unchanged_by(cards[c], config) is None]
@@ -318,7 +318,7 @@ def _strikes(order: list[str], fix: set[str]) -> dict[str, Any]:
 
 
 def summarize(results: dict[str, dict], sets: list[str]) -> dict[str, Any]:
-    from hypotheses.schema import load_cards
+    from hyprun.hypotheses.schema import load_cards
 
     split = load_split()
     cards = load_cards()
@@ -526,7 +526,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.path.insert(0, str(ROOT))
     import torch
 
-    from runner.provenance import git_state
+    from hyprun.runner.provenance import git_state
 
     torch.set_num_threads(args.threads)
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="hyprun-split-")).resolve()

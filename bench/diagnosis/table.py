@@ -25,7 +25,7 @@ from pathlib import Path
 from statistics import fmean
 from typing import Any
 
-from runner import markdown
+from hyprun.runner import markdown
 
 CLEARLY_WORSE = -0.05
 """A test rejected at full budget with an effect at or below this (5% worse) was clearly worse:

@@ -44,7 +44,7 @@ from pathlib import Path
 from scipy import stats
 
 from bench.diagnosis.run import Scenario, load_scenarios
-from hypotheses.schema import load_cards
+from hyprun.hypotheses.schema import load_cards
 
 RESULTS = Path(__file__).with_name("results")
 FIRST_TRUTH_SEED = 100
@@ -97,7 +97,7 @@ def train_once(overrides: list[str], seed: int, folder: Path, threads: int) -> d
     env = {k: v for k, v in os.environ.items() if k not in own and not k.startswith("MLFLOW_")}
     env.update(OMP_NUM_THREADS=str(threads), PYTHONPATH=root)
     store = f"sqlite:///{folder}/mlflow.db"
-    command = [sys.executable, "-m", "runner.cli.main", "train", *overrides]
+    command = [sys.executable, "-m", "hyprun.runner.cli.main", "train", *overrides]
     command += [f"budget.seed={seed}", f"tracking.uri={store}"]
     done = subprocess.run(command, cwd=folder, env=env, capture_output=True, text=True)
     if done.returncode not in (0, 1):  # 1: the run diverged, still a measurement
@@ -140,8 +140,8 @@ def measure(
     """The planted config and each card on the truth seeds; one row per card."""
     from omegaconf import OmegaConf
 
-    from runner.compose import compose
-    from runner.control.one_variable import resolve_relative
+    from hyprun.runner.compose import compose
+    from hyprun.runner.control.one_variable import resolve_relative
 
     known = load_cards()
     planted = OmegaConf.to_container(compose([*common, *scenario.overrides]), resolve=True)
@@ -305,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
                 "\n".join(render(results[-1:], labels).splitlines()[-len(cards) :]), file=sys.stderr
             )
     results = rescore(merge(recorded, results))  # a partial run replaces only its own rows
-    from runner.provenance import git_state
+    from hyprun.runner.provenance import git_state
 
     sha, dirty = git_state()
     minutes = (time.monotonic() - start) / 60

@@ -14,11 +14,11 @@ import time
 from rich.console import Console
 from rich.rule import Rule
 
-from hypotheses.schema import cards_for, load_cards
-from runner.cli.where import where_to_look
-from runner.control import controller
-from runner.control.diagnose import diagnose
-from runner.store.investigation import Store, findings_lines
+from hyprun.hypotheses.schema import cards_for, load_cards
+from hyprun.runner.cli.where import where_to_look
+from hyprun.runner.control import controller
+from hyprun.runner.control.diagnose import diagnose
+from hyprun.runner.store.investigation import Store, findings_lines
 
 COMMON = [
     "budget.tokens=65536",
@@ -88,8 +88,8 @@ def data_problem(store: Store, name: str, seeds: int) -> str:
 
 
 def _changes_something(state, delta: tuple[str, ...]) -> bool:
-    from runner.control.one_variable import measure
-    from runner.errors import BadInput
+    from hyprun.runner.control.one_variable import measure
+    from hyprun.runner.errors import BadInput
 
     try:
         measure(state.baseline["overrides"], list(delta))

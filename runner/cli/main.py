@@ -13,20 +13,20 @@ import time
 
 from rich.console import Console
 
-from runner.errors import BadInput, JobsFailed, TrackingOffline
+from hyprun.runner.errors import BadInput, JobsFailed, TrackingOffline
 
 console = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 def cmd_train(args: argparse.Namespace) -> int:
     """One controlled job in this process, configured by Hydra overrides."""
-    from runner.compose import compose
-    from runner.job.validate import validate
+    from hyprun.runner.compose import compose
+    from hyprun.runner.job.validate import validate
 
     cfg = compose(args.overrides)
     validate(cfg)  # bad input is refused before torch's import, which takes seconds
 
-    from runner.job.train import EXIT_INTERRUPTED, run
+    from hyprun.runner.job.train import EXIT_INTERRUPTED, run
 
     if cfg.tracking.run_name is None:
         cfg.tracking.run_name = " ".join(args.overrides) or "job"
@@ -36,7 +36,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """The CPU demo: a planted fault diagnosed, tested and fixed; a data problem that escalates."""
-    from runner.cli.demo import run_demo
+    from hyprun.runner.cli.demo import run_demo
 
     run_demo(_store([*args.overrides, "tracking.experiment=hyprun-demo"]), seeds=args.seeds)
     return 0
@@ -46,12 +46,12 @@ def cmd_check(args: argparse.Namespace) -> int:
     """L0 static checks of a config and a sample of its data, before anything runs."""
     from omegaconf import OmegaConf
 
-    from runner.compose import compose
+    from hyprun.runner.compose import compose
 
     config = OmegaConf.to_container(compose(args.overrides), resolve=True)
 
-    from diag.static import device_info
-    from runner.control.diagnose import render_checks, static_checks, this_device
+    from hyprun.diag.static import device_info
+    from hyprun.runner.control.diagnose import render_checks, static_checks, this_device
 
     device = this_device(args.world)
     if args.device:
@@ -68,8 +68,13 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     """Triage a recorded run: the core question, the obvious checks, ranked findings."""
     from omegaconf import OmegaConf
 
-    from runner.compose import compose
-    from runner.control.diagnose import default_run, diagnose, render_checks, render_diagnosis
+    from hyprun.runner.compose import compose
+    from hyprun.runner.control.diagnose import (
+        default_run,
+        diagnose,
+        render_checks,
+        render_diagnosis,
+    )
 
     tracking = compose([]).tracking
     uri = args.uri or OmegaConf.select(tracking, "uri")
@@ -89,8 +94,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
     """Per-layer forward/backward time of a few steps of the configured model and data."""
     from rich.table import Table
 
-    from runner.compose import compose
-    from runner.job.profile import profile_layers
+    from hyprun.runner.compose import compose
+    from hyprun.runner.job.profile import profile_layers
 
     found = profile_layers(compose(args.overrides), steps=args.steps)
     if args.json:
@@ -110,8 +115,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
 def _store(overrides: list[str] | None = None, experiment: str | None = None):
     """The investigations' MLflow store: the config's tracking URI and experiment. Commands find
     investigations in any experiment of the store unless `--experiment` names one."""
-    from runner.compose import compose
-    from runner.store.investigation import Store
+    from hyprun.runner.compose import compose
+    from hyprun.runner.store.investigation import Store
 
     tracking = compose(overrides or []).tracking
     return Store(tracking.uri, experiment or tracking.experiment, pinned=experiment is not None)
@@ -119,10 +124,10 @@ def _store(overrides: list[str] | None = None, experiment: str | None = None):
 
 def cmd_baseline(args: argparse.Namespace) -> int:
     """Record a baseline: k seeds of the config as controlled jobs, L0 checks, triage."""
-    from runner.cli.where import where_to_look
-    from runner.control.controller import record_baseline
-    from runner.launch.app import HydraApp
-    from runner.launch.launchers import split
+    from hyprun.runner.cli.where import where_to_look
+    from hyprun.runner.control.controller import record_baseline
+    from hyprun.runner.launch.app import HydraApp
+    from hyprun.runner.launch.launchers import split
 
     name = args.investigation or time.strftime("inv-%Y%m%d-%H%M%S")
     app = HydraApp.load(args.app)  # a user's app (--app, or hyprun.yaml here), else ours
@@ -136,7 +141,7 @@ def cmd_baseline(args: argparse.Namespace) -> int:
     )
     document = store.json_artifact(state.run_id, "diagnosis.json")
     if document:
-        from runner.control.diagnose import render_top
+        from hyprun.runner.control.diagnose import render_top
 
         render_top(Console(highlight=False, soft_wrap=True), document)
     for line in where_to_look(store, state, commands=False):
@@ -147,7 +152,7 @@ def cmd_baseline(args: argparse.Namespace) -> int:
 
 def cmd_test(args: argparse.Namespace) -> int:
     """Test one hypothesis (a card id or overrides changing one variable) against the baseline."""
-    from runner.control.controller import test
+    from hyprun.runner.control.controller import test
 
     store = _store(experiment=args.experiment)
     return test(
@@ -157,7 +162,7 @@ def cmd_test(args: argparse.Namespace) -> int:
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     """Search one variable with Optuna (Hydra sweep grammar); one verdict, one strike at most."""
-    from runner.control.sweep import sweep
+    from hyprun.runner.control.sweep import sweep
 
     store = _store(experiment=args.experiment)
     return sweep(
@@ -170,9 +175,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     from rich.markup import escape
     from rich.table import Table
 
-    from runner.cli.where import where_to_look
-    from runner.launch.launchers import slurm_states
-    from runner.store.investigation import findings_lines
+    from hyprun.runner.cli.where import where_to_look
+    from hyprun.runner.launch.launchers import slurm_states
+    from hyprun.runner.store.investigation import findings_lines
 
     store = _store(experiment=args.experiment)
     state = store.find(args.investigation)
@@ -229,7 +234,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     """After a confirmed test: the findings its fix removed, and why any still fires."""
-    from runner.control.controller import verify
+    from hyprun.runner.control.controller import verify
 
     store = _store(experiment=args.experiment)
     result = verify(store, args.investigation, args.test, args.promote)
@@ -242,8 +247,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     """Markdown and HTML with plots for an investigation, logged on its parent run."""
     from pathlib import Path
 
-    from runner.cli.report import write_report
-    from runner.cli.where import where_to_look
+    from hyprun.runner.cli.report import write_report
+    from hyprun.runner.cli.where import where_to_look
 
     store = _store(experiment=args.experiment)
     state = store.find(args.investigation)
@@ -257,7 +262,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_upload(args: argparse.Namespace) -> int:
     """Deliver the evidence a job kept on disk while its tracking server was away."""
-    from runner.store.spool import upload
+    from hyprun.runner.store.spool import upload
 
     uri = args.uri or _store().uri
     count = upload(args.spool, uri)
@@ -267,7 +272,7 @@ def cmd_upload(args: argparse.Namespace) -> int:
 
 def cmd_reset(args: argparse.Namespace) -> int:
     """Record a human decision on an escalated investigation and reopen it."""
-    from runner.control.controller import reset
+    from hyprun.runner.control.controller import reset
 
     state = reset(_store(experiment=args.experiment), args.investigation, args.by, args.reason)
     console.print(f"investigation {state.name!r} reopened by {args.by}: {args.reason}")

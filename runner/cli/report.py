@@ -27,11 +27,11 @@ from typing import Any, NamedTuple
 
 from matplotlib.figure import Figure
 
-from diag.effect import change, deciding_guard, describe, metric_key
-from diag.schema import QUESTIONS
-from runner import markdown
-from runner.store.investigation import STRIKES, State, Store, Test
-from runner.store.tracking import redact
+from hyprun.diag.effect import change, deciding_guard, describe, metric_key
+from hyprun.diag.schema import QUESTIONS
+from hyprun.runner import markdown
+from hyprun.runner.store.investigation import STRIKES, State, Store, Test
+from hyprun.runner.store.tracking import redact
 
 ARTIFACT_DIR = "report"
 """Where on the parent run the report is logged."""

@@ -4,7 +4,7 @@ Kept apart from report.py so `hyprun status` does not import matplotlib."""
 
 from __future__ import annotations
 
-from runner.store.investigation import State, Store, links
+from hyprun.runner.store.investigation import State, Store, links
 
 
 def where_to_look(store: Store, state: State, commands: bool = True) -> list[str]:

@@ -62,24 +62,24 @@ from omegaconf import DictConfig
 from rich.console import Console
 from rich.markup import escape
 
-from diag.effect import change, describe, metric_key
-from diag.fixed import finding_changes
-from diag.metric import MetricSpec
-from diag.sequential import Design, plan
-from diag.triage import load_tables
-from diag.verdict import compare, early_reject, load_params
-from hypotheses.schema import Card, load_cards
-from runner import markdown, provenance
-from runner.compose import compose, one_line
-from runner.control.fixed import card_keys, finding_cards, fixed_lines
-from runner.control.notify import notify
-from runner.control.one_variable import Delta, measure
-from runner.errors import BadInput, JobsFailed
-from runner.job.checkpoint import config_hash
-from runner.job.result import JobResult
-from runner.job.validate import reachable, validate
-from runner.launch.app import HydraApp
-from runner.launch.launchers import (
+from hyprun.diag.effect import change, describe, metric_key
+from hyprun.diag.fixed import finding_changes
+from hyprun.diag.metric import MetricSpec
+from hyprun.diag.sequential import Design, plan
+from hyprun.diag.triage import load_tables
+from hyprun.diag.verdict import compare, early_reject, load_params
+from hyprun.hypotheses.schema import Card, load_cards
+from hyprun.runner import markdown, provenance
+from hyprun.runner.compose import compose, one_line
+from hyprun.runner.control.fixed import card_keys, finding_cards, fixed_lines
+from hyprun.runner.control.notify import notify
+from hyprun.runner.control.one_variable import Delta, measure
+from hyprun.runner.errors import BadInput, JobsFailed
+from hyprun.runner.job.checkpoint import config_hash
+from hyprun.runner.job.result import JobResult
+from hyprun.runner.job.validate import reachable, validate
+from hyprun.runner.launch.app import HydraApp
+from hyprun.runner.launch.launchers import (
     Failed,
     InProcess,
     Job,
@@ -91,7 +91,7 @@ from runner.launch.launchers import (
     safe_name,
     split,
 )
-from runner.store.investigation import (
+from hyprun.runner.store.investigation import (
     ARM,
     STRIKES,
     State,
@@ -166,7 +166,7 @@ def record_baseline(
 ) -> State:
     """Run the baseline's seeds as children of a new investigation, then triage seed 0.
     `app`: a user's Hydra app instead of our own job."""
-    from runner.control.diagnose import diagnose
+    from hyprun.runner.control.diagnose import diagnose
 
     if seeds < 1:
         raise BadInput(f"--seeds {seeds}: a baseline needs at least one seed (3 measure noise)")
@@ -176,7 +176,7 @@ def record_baseline(
     else:
         cfg = compose(overrides)
         validate(cfg)  # the quick refusals first, before torch's import
-        from runner.job.train import preflight  # as its seed jobs will check it
+        from hyprun.runner.job.train import preflight  # as its seed jobs will check it
 
         preflight(cfg, build_data=True)
     reachable(store.uri)
@@ -520,7 +520,7 @@ def test(
 def preflight_test(baseline_overrides: list[str], delta: Delta) -> None:
     """The test's composed job checked as its seed jobs will check it (validate(), the batch
     geometry, the model, optimizer and schedule built without training), before a claim."""
-    from runner.job.train import preflight  # torch: only once a test is about to run
+    from hyprun.runner.job.train import preflight  # torch: only once a test is about to run
 
     cfg = compose([*baseline_overrides, *delta.overrides])
     preflight(cfg, build_data=any(key.startswith("data.") for key in delta.changes))
@@ -962,7 +962,7 @@ def record_verdict(
 
 class EarlyRejection:
     """Watches a test's held-out loss as its seeds train; stops the test once it is clearly worse
-    than the baseline band (diag.verdict.early_reject: the reject side of the round's look),
+    than the baseline band (hyprun.diag.verdict.early_reject: the reject side of the round's look),
     saving the rest of its tokens."""
 
     def __init__(self, store: Store, primary: MetricSpec):
@@ -1187,7 +1187,7 @@ def escalation_findings(state: State) -> list[str]:
 def verify(store: Store, name: str | None, test_name: str | None, promote: bool = False) -> dict:
     """Phase 4: re-run the checks that fired on the baseline against the confirmed fix's
     evidence; optionally make the fixed config the investigation's new baseline."""
-    from runner.control.diagnose import diagnose
+    from hyprun.runner.control.diagnose import diagnose
 
     state = store.find(name)
     confirmed = [t for t in state.confirmed if test_name in (None, f"H{t.number}")]

@@ -14,14 +14,14 @@ from hydra.utils import instantiate
 from rich.console import Console
 from rich.table import Table
 
-from diag.evidence import Evidence
-from diag.static import DataSample, DeviceInfo, device_info, run_checks
-from diag.triage import triage
-from hypotheses.applies import unchanged_by
-from hypotheses.schema import load_cards
-from runner.errors import BadInput
-from runner.store.investigation import Store
-from runner.store.tracking import latest_run, read_run, record_diagnosis
+from hyprun.diag.evidence import Evidence
+from hyprun.diag.static import DataSample, DeviceInfo, device_info, run_checks
+from hyprun.diag.triage import triage
+from hyprun.hypotheses.applies import unchanged_by
+from hyprun.hypotheses.schema import load_cards
+from hyprun.runner.errors import BadInput
+from hyprun.runner.store.investigation import Store
+from hyprun.runner.store.tracking import latest_run, read_run, record_diagnosis
 
 SAMPLE_ROWS = 2048
 """Rows read from a source without a finite pool (token and text files: random windows)."""

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from diag.fixed import FindingChange
-from hypotheses.schema import Card
-from runner.store.investigation import Test
+from hyprun.diag.fixed import FindingChange
+from hyprun.hypotheses.schema import Card
+from hyprun.runner.store.investigation import Test
 
 
 def finding_cards(finding: dict[str, Any], cards: dict[str, Card]) -> list[str]:

@@ -9,7 +9,7 @@ import subprocess
 import urllib.request
 from typing import Any
 
-from runner.store.tracking import redact
+from hyprun.runner.store.tracking import redact
 
 TIMEOUT_S = 10
 

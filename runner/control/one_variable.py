@@ -26,10 +26,10 @@ from typing import Any
 import yaml
 from omegaconf import OmegaConf
 
-from hypotheses.schema import relative_factor
-from runner.compose import check_overrides, compose
-from runner.errors import BadInput
-from runner.launch.app import HydraApp
+from hyprun.hypotheses.schema import relative_factor
+from hyprun.runner.compose import check_overrides, compose
+from hyprun.runner.errors import BadInput
+from hyprun.runner.launch.app import HydraApp
 
 CONTROLLED = Path(__file__).with_name("controlled.yaml")
 
@@ -66,7 +66,7 @@ def config_groups() -> set[str]:
     """Names of the config groups (folders of conf/) a `group=choice` override can switch."""
     from importlib.resources import files
 
-    root = files("conf")
+    root = files("hyprun.conf")
     return {p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("_")}
 
 
@@ -138,7 +138,7 @@ def measure(
     if unread and app is None:  # an app may read what it likes; the built-in job does not
         raise BadInput(
             f"{unread[0]} is not part of the job's config: nothing would read it "
-            "(check the spelling against `python -m runner.job.train --cfg job`)"
+            "(check the spelling against `python -m hyprun.runner.job.train --cfg job`)"
         )
     groups = app.groups() if app else config_groups()
     variables = _variables(independent, hypothesis, groups)

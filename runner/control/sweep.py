@@ -38,10 +38,10 @@ from optuna.distributions import (
 from optuna.pruners import BasePruner
 from optuna.trial import TrialState
 
-from diag.metric import MetricSpec
-from diag.verdict import early_reject
-from runner.compose import compose
-from runner.control.controller import (
+from hyprun.diag.metric import MetricSpec
+from hyprun.diag.verdict import early_reject
+from hyprun.runner.compose import compose
+from hyprun.runner.control.controller import (
     DEFAULT_PRIMARY,
     Outcome,
     aggregates,
@@ -60,12 +60,12 @@ from runner.control.controller import (
     test_design,
     where_tests_run,
 )
-from runner.control.one_variable import Delta, measure
-from runner.errors import BadInput, JobsFailed
-from runner.job.result import JobResult
-from runner.launch.app import HydraApp
-from runner.launch.launchers import Failed, InProcess, Job, safe_name, split
-from runner.store.investigation import State, Store
+from hyprun.runner.control.one_variable import Delta, measure
+from hyprun.runner.errors import BadInput, JobsFailed
+from hyprun.runner.job.result import JobResult
+from hyprun.runner.launch.app import HydraApp
+from hyprun.runner.launch.launchers import Failed, InProcess, Job, safe_name, split
+from hyprun.runner.store.investigation import State, Store
 
 SWEEPS = Path(".hyprun/sweeps")
 
@@ -135,7 +135,7 @@ def candidate_deltas(
 
 class BaselinePruner(BasePruner):
     """Prunes a trial once its seeds' held-out loss is clearly behind the baseline band
-    (diag.verdict.early_reject, the rule that stops a plain test early). The trial's curves,
+    (hyprun.diag.verdict.early_reject, the rule that stops a plain test early). The trial's curves,
     seed -> [(tokens, loss)], are its `curves` user attribute."""
 
     def __init__(self, baseline: dict[int, list[tuple[int, float]]], spec: MetricSpec, budget: int):

@@ -1,9 +1,9 @@
 """Ready callbacks: the probe (runner/job/probe.py) for Hugging Face `Trainer` and Lightning.
 
-    from runner.job.callbacks import HyprunTrainerCallback
+    from hyprun.runner.job.callbacks import HyprunTrainerCallback
     Trainer(model, args, train_dataset=data, callbacks=[HyprunTrainerCallback()])
 
-    from runner.job.callbacks import HyprunLightningCallback
+    from hyprun.runner.job.callbacks import HyprunLightningCallback
     lightning.Trainer(callbacks=[HyprunLightningCallback()]).fit(module, loader)
 
 `last_complete_checkpoint(output_dir)` is the Trainer checkpoint to resume from after a requeue.
@@ -23,7 +23,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from runner.job.probe import Probe
+from hyprun.runner.job.probe import Probe
 
 EVAL_LOSS_KEYS = ("eval/loss", "val_loss", "val/loss", "eval_loss", "validation_loss")
 """Names under which a Lightning module logs its held-out loss, first found wins."""

@@ -16,7 +16,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from runner.errors import BadInput
+from hyprun.runner.errors import BadInput
 
 RUN_FILE = "run.json"
 

@@ -90,7 +90,8 @@ def prepare_env() -> None:
     if os.environ.get("WORLD_SIZE") == "1" and "MASTER_PORT" not in os.environ:
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
     if "RANK" not in os.environ:
-        # A plain `python -m runner.job.train`: a world of one (else DeepSpeed looks for MPI), on a
+        # A plain `python -m hyprun.runner.job.train`: a world of one (else DeepSpeed looks for
+        # MPI), on a
         # port of its own (an inherited MASTER_PORT may belong to another job).
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1")
         os.environ["MASTER_PORT"] = str(_free_port())

@@ -43,8 +43,8 @@ def check_extra(ds: DictConfig) -> None:
         return  # nothing free-form: skip DeepSpeed's import
     from deepspeed.runtime.config import DeepSpeedConfig
 
-    from runner.compose import one_line
-    from runner.errors import BadInput
+    from hyprun.runner.compose import one_line
+    from hyprun.runner.errors import BadInput
 
     try:
         DeepSpeedConfig(deepspeed_config(ds))

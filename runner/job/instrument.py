@@ -1,6 +1,6 @@
 """L1 diagnostics inside the job: when to probe, and the gathering that sharding requires.
 
-The statistics themselves are `diag.probes`; this module owns what touches DeepSpeed: full
+The statistics themselves are `hyprun.diag.probes`; this module owns what touches DeepSpeed: full
 gradients and fp32 parameters are assembled with DeepSpeed's `safe_get_full_*` (collectives
 under ZeRO, so every rank probes the same steps), which is what makes the global gradient norm
 equal an unsharded run's at any ZeRO stage.
@@ -22,9 +22,9 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig
 
-from diag import probes
-from diag.efficiency import device_peak, mfu
-from diag.spikes import SpikeDetector
+from hyprun.diag import probes
+from hyprun.diag.efficiency import device_peak, mfu
+from hyprun.diag.spikes import SpikeDetector
 
 
 def full_grad(param: torch.nn.Parameter) -> torch.Tensor | None:

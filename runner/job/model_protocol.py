@@ -18,9 +18,9 @@ import pkgutil
 
 from omegaconf import DictConfig, OmegaConf
 
-from runner.errors import BadInput
+from hyprun.runner.errors import BadInput
 
-BUILT_IN = "runner.job.models.GPT"
+BUILT_IN = "hyprun.runner.job.models.GPT"
 HYDRA_KEYS = ("_target_", "_partial_", "_convert_", "_recursive_", "_args_")
 SHARED = ("vocab_size", "seq_len")
 """Keys every model may take from the job (the data's vocabulary, the sequence length)."""

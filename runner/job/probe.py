@@ -38,10 +38,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from diag import probes
-from diag.efficiency import mfu, transformer_flops_per_token
-from diag.evidence import NAN_MODULE_TAG, OUTCOME_TAG
-from diag.spikes import SpikeDetector
+from hyprun.diag import probes
+from hyprun.diag.efficiency import mfu, transformer_flops_per_token
+from hyprun.diag.evidence import NAN_MODULE_TAG, OUTCOME_TAG
+from hyprun.diag.spikes import SpikeDetector
 
 STEP_UNITS = ("tokens", "steps")
 
@@ -58,11 +58,11 @@ class Probe:
     flops_per_token: training FLOPs per token for MFU (default: the model's `flops_per_token()`,
         else the transformer formula from a Hugging Face config, else 6N).
     peak_flops: one device's peak FLOP/s (default: the device table; a CPU is measured).
-    blocks: the residual blocks (default: found, see diag.probes.find_blocks).
+    blocks: the residual blocks (default: found, see hyprun.diag.probes.find_blocks).
     watch_forward, hook_optimizer: whether the probe hooks the model's forward (tokens, loss,
         data wait) and the optimizer's step (`after_step`); trainer callbacks turn them off and
         report those events themselves.
-    tracker: where to log (default: runner.store.tracking.open_app_run, on rank 0 only).
+    tracker: where to log (default: hyprun.runner.store.tracking.open_app_run, on rank 0 only).
     """
 
     def __init__(
@@ -357,7 +357,7 @@ class Probe:
 
     def _efficiency(self, tokens_per_s: float) -> dict[str, float]:
         """MFU against the device peak (all processes together), and peak memory."""
-        from runner.job.instrument import _device_peak, _peak_memory_gb
+        from hyprun.runner.job.instrument import _device_peak, _peak_memory_gb
 
         device = self._device()
         if not self.flops_per_token:  # known once a batch showed the sequence length
@@ -411,7 +411,7 @@ class Probe:
     def _open(self):
         """The tracker, opened on first use on rank 0 (other ranks log nothing)."""
         if self._tracker is None and self.rank == 0 and not self._closed:
-            from runner.store.tracking import open_app_run
+            from hyprun.runner.store.tracking import open_app_run
 
             self._tracker, self._owned = open_app_run(self._experiment, self._run_name)
             self._tracker.set_tags(self._describe())
@@ -461,7 +461,7 @@ def _uses_deepspeed(param: torch.nn.Parameter) -> bool:
 def _full_grad(param: torch.nn.Parameter) -> torch.Tensor | None:
     """The whole gradient: DeepSpeed gathers it under ZeRO (as the job does), else `.grad`."""
     if _uses_deepspeed(param):
-        from runner.job.instrument import full_grad
+        from hyprun.runner.job.instrument import full_grad
 
         return full_grad(param)
     return param.grad
@@ -469,7 +469,7 @@ def _full_grad(param: torch.nn.Parameter) -> torch.Tensor | None:
 
 def _full_param(param: torch.nn.Parameter) -> torch.Tensor:
     if _uses_deepspeed(param):
-        from runner.job.instrument import full_param
+        from hyprun.runner.job.instrument import full_param
 
         return full_param(param)
     return param.data

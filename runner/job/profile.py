@@ -11,7 +11,7 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
-from diag.probes import layer_timer
+from hyprun.diag.probes import layer_timer
 
 
 def profile_layers(cfg: DictConfig, steps: int = 5, warmup: int = 2) -> dict[str, dict[str, float]]:

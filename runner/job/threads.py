@@ -34,7 +34,7 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
-from runner.errors import BadInput
+from hyprun.runner.errors import BadInput
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 V1_CPU_FOLDERS = ("cpu", "cpu,cpuacct", "cpuacct,cpu")

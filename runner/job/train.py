@@ -1,4 +1,4 @@
-"""The controlled training job: `python -m runner.job.train [overrides]`, a Hydra app.
+"""The controlled training job: `python -m hyprun.runner.job.train [overrides]`, a Hydra app.
 
 Build model, data, optimizer and schedule by instantiation, wrap them in a DeepSpeed engine, train
 to a token budget, evaluate on a fixed held-out set at fixed token marks, and record everything in
@@ -27,20 +27,20 @@ from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.progress import Progress, TextColumn
 
-from runner import provenance
-from runner.compose import compose, one_line
-from runner.errors import BadInput
-from runner.job import dist as distributed
-from runner.job import threads
-from runner.job.checkpoint import Checkpointer, StopSignals, config_hash
-from runner.job.data.loader import build_loader, heldout_batches
-from runner.job.engine import build_engine, check_extra
-from runner.job.instrument import Instruments
-from runner.job.model_protocol import model_node
-from runner.job.optim import build_optimizer
-from runner.job.result import JobResult
-from runner.job.validate import reachable, validate
-from runner.store.tracking import Tracker, TrackingOffline, flatten
+from hyprun.runner import provenance
+from hyprun.runner.compose import compose, one_line
+from hyprun.runner.errors import BadInput
+from hyprun.runner.job import dist as distributed
+from hyprun.runner.job import threads
+from hyprun.runner.job.checkpoint import Checkpointer, StopSignals, config_hash
+from hyprun.runner.job.data.loader import build_loader, heldout_batches
+from hyprun.runner.job.engine import build_engine, check_extra
+from hyprun.runner.job.instrument import Instruments
+from hyprun.runner.job.model_protocol import model_node
+from hyprun.runner.job.optim import build_optimizer
+from hyprun.runner.job.result import JobResult
+from hyprun.runner.job.validate import reachable, validate
+from hyprun.runner.store.tracking import Tracker, TrackingOffline, flatten
 
 EXIT_INTERRUPTED = 75
 console = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -431,7 +431,7 @@ def _probe_model(model: DictConfig) -> DictConfig:
     """The built-in GPT with its size checked and one block (every block takes the same
     arguments, and building thousands of them takes minutes even on the meta device); any
     other model as given."""
-    from diag.memory import count_params
+    from hyprun.diag.memory import count_params
 
     if not str(model.get("_target_", "")).endswith(".GPT"):
         return model
@@ -511,7 +511,9 @@ def task(cfg: DictConfig) -> float | None:
     return result.eval_loss  # what a Hydra sweeper minimises
 
 
-hydra_main = hydra.main(config_path="pkg://conf", config_name="train", version_base="1.3")(task)
+hydra_main = hydra.main(config_path="pkg://hyprun.conf", config_name="train", version_base="1.3")(
+    task
+)
 
 
 HYDRA_FLAGS = ("-m", "--multirun", "--cfg", "-c", "--help", "-h", "--hydra-help", "--info", "-i")
@@ -537,6 +539,6 @@ def main() -> None:
 
 if __name__ == "__main__":
     # The importable module's main, not __main__'s, so that `task` pickles by reference.
-    from runner.job.train import main as importable_main
+    from hyprun.runner.job.train import main as importable_main
 
     importable_main()

@@ -6,10 +6,10 @@ import math
 
 from omegaconf import DictConfig, OmegaConf
 
-from runner.errors import BadInput
-from runner.job import threads
-from runner.job.engine import PRECISIONS
-from runner.job.model_protocol import model_node
+from hyprun.runner.errors import BadInput
+from hyprun.runner.job import threads
+from hyprun.runner.job.engine import PRECISIONS
+from hyprun.runner.job.model_protocol import model_node
 
 PROBE_SWITCHES = ("gradients", "parameters", "activations", "nan_check", "step_scan", "spikes")
 """The `probes` group's on/off keys: a string there ("maybe") would read as on."""
@@ -50,7 +50,7 @@ def reachable(uri: str, timeout_s: float = 5.0) -> None:
     import socket
     from urllib.parse import urlsplit
 
-    from runner.store.tracking import redact
+    from hyprun.runner.store.tracking import redact
 
     parts = urlsplit(uri)
     if parts.scheme not in ("http", "https"):

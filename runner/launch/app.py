@@ -36,13 +36,13 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from diag.metric import MetricSpec
-from runner import provenance
-from runner.compose import APP_OUTPUT_DIR, compose
-from runner.errors import BadInput
-from runner.job import threads
-from runner.job.result import JobResult
-from runner.launch.declaration import (
+from hyprun.diag.metric import MetricSpec
+from hyprun.runner import provenance
+from hyprun.runner.compose import APP_OUTPUT_DIR, compose
+from hyprun.runner.errors import BadInput
+from hyprun.runner.job import threads
+from hyprun.runner.job.result import JobResult
+from hyprun.runner.launch.declaration import (
     DECLARATION,
     Declaration,
     find_declaration,
@@ -50,8 +50,8 @@ from runner.launch.declaration import (
     load_declaration,
     read_decorator,
 )
-from runner.store import app_runs
-from runner.store.tracking import flatten
+from hyprun.runner.store import app_runs
+from hyprun.runner.store.tracking import flatten
 
 EXIT_INTERRUPTED = 75
 
@@ -193,7 +193,7 @@ class HydraApp:
         return int(OmegaConf.select(self.check(overrides), key))
 
     def drift_key(self, overrides: list[str]) -> str:
-        from runner.job.checkpoint import config_hash
+        from hyprun.runner.job.checkpoint import config_hash
 
         return config_hash(self.compose(overrides), exclude=tuple(self.declaration.ignored))
 

@@ -22,7 +22,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from runner.errors import BadInput
+from hyprun.runner.errors import BadInput
 
 DECLARATION = "hyprun.yaml"
 Keys = str | list[str]

@@ -2,7 +2,8 @@
 
 The launcher is chosen the way Hydra chooses one: `hydra/launcher=slurm_8xa100` among the
 overrides, plus any `hydra.launcher.KEY=VALUE`, composed from `conf/hydra/launcher/` (configs built
-on hydra-submitit-launcher, so `python -m runner.job.train -m ...` uses the same ones). Without a
+on hydra-submitit-launcher, so `python -m hyprun.runner.job.train -m ...` uses the same ones).
+Without a
 launcher override the jobs run here, one after another.
 
 Either way each job records into MLflow, and results are read back from there: a Slurm job is
@@ -23,11 +24,11 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from runner import provenance
-from runner.errors import BadInput
-from runner.job.result import JobResult
-from runner.launch.app import AppFailed, AppJob, is_app, run_app
-from runner.store.tracking import RunReader
+from hyprun.runner import provenance
+from hyprun.runner.errors import BadInput
+from hyprun.runner.job.result import JobResult
+from hyprun.runner.launch.app import AppFailed, AppJob, is_app, run_app
+from hyprun.runner.store.tracking import RunReader
 
 GROUP, KEYS = "hydra/launcher=", "hydra.launcher."
 # Refused in launcher values (setup lines are shell by design): no partition, account, QoS or
@@ -100,7 +101,7 @@ def launcher_for(overrides: Sequence[str], folder: Path, name: str) -> InProcess
 
 def launcher_params(overrides: Sequence[str]) -> dict[str, Any]:
     """The composed `hydra.launcher` node for the overrides, resolved."""
-    from runner.compose import compose
+    from hyprun.runner.compose import compose
 
     cfg = compose(list(overrides), return_hydra_config=True)
     node = cfg.hydra.launcher
@@ -166,7 +167,7 @@ class InProcess:
                     stopped.add(job.group)  # its other seeds would fail alike
                     continue
             else:
-                from runner.job.train import run
+                from hyprun.runner.job.train import run
 
                 result = run(job.config, on_eval=job.on_eval)
             if result.status == "stopped":
@@ -187,8 +188,8 @@ class TrainJob:
     def __call__(self) -> JobResult:
         import os
 
-        from runner.job import dist
-        from runner.job.train import run
+        from hyprun.runner.job import dist
+        from hyprun.runner.job.train import run
 
         dist.forget_submitter()
         result = run(OmegaConf.create(self.config))

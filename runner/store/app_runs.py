@@ -12,7 +12,7 @@ import time
 from contextlib import contextmanager
 from typing import Any
 
-from runner.store.tracking import BATCH_LIMITS, experiment_id, redact
+from hyprun.runner.store.tracking import BATCH_LIMITS, experiment_id, redact
 
 
 def open_seed_run(

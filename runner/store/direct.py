@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from runner.errors import BadInput
+from hyprun.runner.errors import BadInput
 
 SEARCH_PAGE = 1000  # MLflow's default page of search results
 SQLITE_VARIABLES = 900  # below sqlite's oldest limit on `?` placeholders per statement
@@ -306,7 +306,7 @@ class RestReads:
                 raise _NotFound from None
             raise _Unexpected from None
         except (urllib.error.URLError, TimeoutError, ConnectionError) as error:
-            from runner.store.tracking import redact
+            from hyprun.runner.store.tracking import redact
 
             reason = getattr(error, "reason", error)
             raise BadInput(

@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlencode
 
-from runner.errors import BadInput
-from runner.store import direct
-from runner.store.app_runs import last_per_step
-from runner.store.tracking import experiment_id, redact
+from hyprun.runner.errors import BadInput
+from hyprun.runner.store import direct
+from hyprun.runner.store.app_runs import last_per_step
+from hyprun.runner.store.tracking import experiment_id, redact
 
 STRIKES = 3
 ROLE, INVESTIGATION = "hyprun.role", "hyprun.investigation"

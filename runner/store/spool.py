@@ -65,7 +65,7 @@ def _fields(item: Any) -> list[Any]:
 
 def upload(path: Path, uri: str) -> int:
     """`hyprun upload`: deliver a spool left by a job whose server never came back."""
-    from runner.errors import BadInput
+    from hyprun.runner.errors import BadInput
 
     if not Path(path).exists():
         raise BadInput(f"no spool file {path}: it was delivered already, or the path is wrong")

@@ -21,8 +21,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from runner.errors import TrackingOffline
-from runner.store.spool import Spool
+from hyprun.runner.errors import TrackingOffline
+from hyprun.runner.store.spool import Spool
 
 if TYPE_CHECKING:
     from mlflow.entities import Metric

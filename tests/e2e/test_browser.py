@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from runner.cli.report import write_report
-from runner.control import controller
-from runner.control.controller import record_baseline
-from runner.store.investigation import CURVES, Store, links
+from hyprun.runner.cli.report import write_report
+from hyprun.runner.control import controller
+from hyprun.runner.control.controller import record_baseline
+from hyprun.runner.store.investigation import CURVES, Store, links
 from tests.e2e import browser
 
 NAME = "in-a-browser"

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from runner.control.controller import job_config
-from runner.launch.launchers import Failed, Job, Slurm, launcher_params, sacct_states
-from runner.store.investigation import Store
+from hyprun.runner.control.controller import job_config
+from hyprun.runner.launch.launchers import Failed, Job, Slurm, launcher_params, sacct_states
+from hyprun.runner.store.investigation import Store
 from tests.helpers import metric_history, python_env
 
 # Slow enough to act on a running job (0.4 s per step, 16 steps), small enough for CI.
@@ -36,7 +36,7 @@ pytestmark = pytest.mark.usefixtures("slurm")
 
 
 def hyprun(*args: str, cwd: Path, uri: str, wait: bool = True):
-    command = [sys.executable, "-m", "runner.cli.main", *args]
+    command = [sys.executable, "-m", "hyprun.runner.cli.main", *args]
     env = python_env(MLFLOW_TRACKING_URI=uri, MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR="false")
     if not wait:
         return subprocess.Popen(
@@ -260,13 +260,14 @@ def _wait_for(condition, what: str, timeout: float = 300) -> None:
 
 
 def test_launcher_configs_submit_a_hydra_multirun(mlflow_server, tmp_path):
-    """`python -m runner.job.train -m ... hydra/launcher=slurm_cpu`: hydra-submitit-launcher runs
-    each job of the sweep on Slurm with the same launcher config the controller uses."""
+    """`python -m hyprun.runner.job.train -m ... hydra/launcher=slurm_cpu`:
+    hydra-submitit-launcher runs each job of the sweep on Slurm with the same launcher config
+    the controller uses."""
     done = subprocess.run(
         [
             sys.executable,
             "-m",
-            "runner.job.train",
+            "hyprun.runner.job.train",
             "-m",
             "hydra/launcher=slurm_cpu",
             "budget.tokens=2048",

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from runner.launch.app import HydraApp, run_app
-from runner.store.investigation import Store
+from hyprun.runner.launch.app import HydraApp, run_app
+from hyprun.runner.store.investigation import Store
 from tests.helpers import metric_history, python_env
 
 APP = "tests.apps.hf_gpt2.train:main"
@@ -34,7 +34,7 @@ pytestmark = [pytest.mark.usefixtures("slurm"), pytest.mark.slow]
 
 
 def hyprun(*args: str, cwd: Path, uri: str, wait: bool = True):
-    command = [sys.executable, "-m", "runner.cli.main", *args]
+    command = [sys.executable, "-m", "hyprun.runner.cli.main", *args]
     env = python_env(MLFLOW_TRACKING_URI=uri, MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR="false")
     if not wait:
         return subprocess.Popen(

@@ -27,7 +27,7 @@ A source is any object with:
 Constructors take plain keyword arguments, so Hydra can build any source, including your own:
 
   data:
-    _target_: runner.job.data.Synthetic  # or TokenFile|NpyFile|HFDataset|TextFile
+    _target_: hyprun.runner.job.data.Synthetic  # or TokenFile|NpyFile|HFDataset|TextFile
     seq_len: 64                          # or my_package.MySource
 
 Missing or invalid input raises ValueError with a one-line message naming the problem and the
@@ -35,13 +35,13 @@ fix. build_loader() turns a source into this rank's micro-batches for a range of
 heldout_batches() splits the held-out set across ranks.
 """
 
-from runner.job.data.hf_dataset import HFDataset
-from runner.job.data.loader import build_loader, heldout_batches
-from runner.job.data.npy_file import NpyFile
-from runner.job.data.sequences import IGNORE_INDEX, DataSource
-from runner.job.data.synthetic import Synthetic
-from runner.job.data.text_file import TextFile
-from runner.job.data.token_file import TokenFile
+from hyprun.runner.job.data.hf_dataset import HFDataset
+from hyprun.runner.job.data.loader import build_loader, heldout_batches
+from hyprun.runner.job.data.npy_file import NpyFile
+from hyprun.runner.job.data.sequences import IGNORE_INDEX, DataSource
+from hyprun.runner.job.data.synthetic import Synthetic
+from hyprun.runner.job.data.text_file import TextFile
+from hyprun.runner.job.data.token_file import TokenFile
 
 __all__ = [
     "IGNORE_INDEX",

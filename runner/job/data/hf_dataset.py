@@ -11,8 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
-from runner.compose import one_line
-from runner.job.data.sequences import WindowSource
+from hyprun.runner.compose import one_line
+from hyprun.runner.job.data.sequences import WindowSource
 
 HELDOUT_SPLITS = ("validation", "test")
 """Splits of a DatasetDict that hold the held-out set, first found wins (else the tail)."""

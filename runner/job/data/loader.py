@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from runner.job.data.sequences import IGNORE_INDEX, DataSource
+from hyprun.runner.job.data.sequences import IGNORE_INDEX, DataSource
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
-from runner.compose import one_line
-from runner.job.data.sequences import WindowSource
+from hyprun.runner.compose import one_line
+from hyprun.runner.job.data.sequences import WindowSource
 
 
 class NpyFile(WindowSource):

@@ -23,7 +23,7 @@ FULL_CHECK_TOKENS = 1 << 24  # files up to this size are checked completely
 
 @runtime_checkable
 class DataSource(Protocol):
-    """What the loader and trainer need from a data source (see runner.job.data docstring)."""
+    """What the loader and trainer need from a data source (hyprun.runner.job.data says more)."""
 
     vocab_size: int
     seq_len: int

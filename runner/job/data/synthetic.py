@@ -29,8 +29,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from diag.dedup import deduplicated
-from runner.job.data.sequences import IGNORE_INDEX, check_span, pool_indices
+from hyprun.diag.dedup import deduplicated
+from hyprun.runner.job.data.sequences import IGNORE_INDEX, check_span, pool_indices
 
 # Random streams of one language, as the middle entry of [language_seed, stream, round].
 LANGUAGE, TRAIN, LENGTHS, NOISE, DUPLICATES, HELDOUT, NEAR_DUPLICATES = range(7)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from runner.job.data.sequences import WindowSource
+from hyprun.runner.job.data.sequences import WindowSource
 
 
 class TextFile(WindowSource):

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from runner.job.data.sequences import WindowSource
+from hyprun.runner.job.data.sequences import WindowSource
 
 DTYPES = {"uint16": np.uint16, "uint32": np.uint32}
 SNIFF_TOKENS = 1 << 16  # tokens read to tell uint32 ids read as uint16 from real uint16 ids

@@ -1,5 +1,5 @@
-"""Model definitions buildable by Hydra (``_target_: runner.job.models.GPT``)."""
+"""Model definitions buildable by Hydra (``_target_: hyprun.runner.job.models.GPT``)."""
 
-from runner.job.models.gpt import GPT
+from hyprun.runner.job.models.gpt import GPT
 
 __all__ = ["GPT"]

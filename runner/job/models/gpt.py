@@ -1,7 +1,8 @@
 """Decoder-only GPT in plain torch, configurable enough to run architecture ablations.
 
 The switches (norm type and placement, MLP type, positional scheme, MoE) are plain keyword
-arguments so that Hydra can build the model with ``_target_: runner.job.models.GPT``. Diagnostics
+arguments so that Hydra can build the model with
+``_target_: hyprun.runner.job.models.GPT``. Diagnostics
 (attention entropy, MoE load) are opt-in attributes that cost nothing while switched off.
 """
 

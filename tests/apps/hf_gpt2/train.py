@@ -18,7 +18,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments, set_seed
 
-from runner.job.callbacks import HyprunTrainerCallback, last_complete_checkpoint
+from hyprun.runner.job.callbacks import HyprunTrainerCallback, last_complete_checkpoint
 
 
 def markov_tokens(vocab: int, length: int, count: int, seed: int, follow: float) -> torch.Tensor:

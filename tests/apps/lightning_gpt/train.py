@@ -17,7 +17,7 @@ from omegaconf import DictConfig
 from torch import nn
 from torch.nn import functional as F
 
-from runner.job.callbacks import HyprunLightningCallback
+from hyprun.runner.job.callbacks import HyprunLightningCallback
 
 
 def markov_tokens(vocab: int, length: int, count: int, seed: int, follow: float) -> torch.Tensor:
