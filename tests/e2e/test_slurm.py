@@ -35,9 +35,10 @@ NAME = "on-slurm"
 pytestmark = pytest.mark.usefixtures("slurm")
 
 
-def hyprun(*args: str, cwd: Path, uri: str, wait: bool = True):
+def hyprun(*args: str, cwd: Path, uri: str, wait: bool = True, **extra_env: str):
     command = [sys.executable, "-m", "hyprun.runner.cli.main", *args]
     env = python_env(MLFLOW_TRACKING_URI=uri, MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR="false")
+    env.update(extra_env)
     if not wait:
         return subprocess.Popen(
             command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
@@ -79,8 +80,19 @@ def seed_runs(store: Store, run_id: str) -> dict[int, str]:
     return {int(r.data.tags["hyprun.seed"]): r.info.run_id for r in store.seed_runs(run_id)}
 
 
-def test_baseline_and_test_reach_a_verdict_through_slurm(investigation, mlflow_server):
+# Loaded by the controller's interpreter (sitecustomize): boundaries no test can cross, so a test
+# runs every round its seed cap allows (a huge effect is otherwise decided at the first look).
+UNDECIDABLE = """
+import dataclasses
+import hyprun.diag.verdict as verdict
+shipped = verdict.load_params
+verdict.load_params = lambda *args: dataclasses.replace(shipped(*args), z_confirm=50.0)
+"""
+
+
+def test_baseline_and_test_rounds_run_through_slurm(investigation, mlflow_server, tmp_path):
     folder, store = investigation
+    (tmp_path / "sitecustomize.py").write_text(UNDECIDABLE)
     state = store.find(NAME)
     assert state.baseline["launcher"] == ["hydra/launcher=slurm_cpu"]
     baseline_jobs = store.client.get_run(state.run_id).data.tags["slurm.jobs"].split(",")
@@ -97,14 +109,16 @@ def test_baseline_and_test_reach_a_verdict_through_slurm(investigation, mlflow_s
         "4",
         cwd=folder,
         uri=mlflow_server,
+        PYTHONPATH=f"{tmp_path}:{python_env()['PYTHONPATH']}",
     )
     assert done.returncode == 0, done.stdout + done.stderr
     state = store.find(NAME)
     test = state.tests[0]
-    assert test.verdict == "confirmed", test.tags.get("hyprun.reason")
-    # 2 seeds a side cannot confirm at the first look (1-2 degrees of freedom): a second
-    # round added test seeds 2-3 and baseline seeds 2-3, as ONE job array
+    assert test.verdict == "inconclusive", test.tags.get("hyprun.reason")
+    # undecided at 2 seeds a side: a second round added test seeds 2-3 and baseline seeds 2-3,
+    # as ONE job array, and stopped at the seed cap
     assert test.tags["hyprun.seeds"] == "4", test.tags
+    assert test.tags["hyprun.stopped"] == "seed cap (4 per side)", test.tags
     jobs = test.tags["slurm.jobs"].split(",")
     runs = store.seed_runs(test.run_id)
     added = [store.run(state.baseline_run(seed)) for seed in (2, 3)]
