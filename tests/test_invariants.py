@@ -148,6 +148,11 @@ HOSTILE_TEXT = st.text(
 SHELL = st.sampled_from(["$(id)", "`id`", "; rm -rf /", "| cat", "&& true", "> /tmp/x", "*", "\n"])
 
 
+def asks_help(text: str) -> bool:
+    """`-h`, `--help` or an abbreviation argparse expands to it: help is printed, exit 0."""
+    return text == "-h" or (len(text) > 2 and "--help".startswith(text))
+
+
 def bad_value(key: str) -> st.SearchStrategy[str]:
     return st.one_of(NOT_POSITIVE, NOT_A_NUMBER).map(lambda v: f"{key}={v}")
 
@@ -173,7 +178,9 @@ REFUSED = st.one_of(
     HOSTILE_TEXT.map(lambda t: [f"optim.lr={quoted(t)}"]),
     SHELL.map(lambda t: [f"optim.lr={t}"]),
     SHELL.map(lambda t: [f"model.norm={t}"]),
-    HOSTILE_TEXT.filter(lambda t: "=" not in t and t not in CARD_IDS).map(lambda t: [t]),
+    HOSTILE_TEXT.filter(lambda t: "=" not in t and t not in CARD_IDS and not asks_help(t)).map(
+        lambda t: [t]
+    ),
     HOSTILE_TEXT.map(lambda t: [f"{t}=1"]),
     # malformed: empty keys, deletions, packages, sweeps, unknown or added keys
     st.sampled_from(["=0.1", "=", "@x=1", "~optim.lr", "optim.lr", "optim.lr=1,2", "+foo=1"]).map(
@@ -304,6 +311,13 @@ VALID = st.one_of(
 )
 
 
+def recorded_delta(hypothesis: list[str]) -> tuple[str, ...]:
+    """The delta as the controller records it, measured as the controller measures it (a card
+    that declares its switch compound is measured so)."""
+    card, overrides = choose(hypothesis, load_cards())
+    return measure(BUDGET, overrides, compound=bool(card and card.compound)).overrides
+
+
 class Investigation(RuleBasedStateMachine):
     """One investigation driven through the CLI; every invariant checked after every step."""
 
@@ -337,12 +351,10 @@ class Investigation(RuleBasedStateMachine):
     def is_new(self, hypothesis: list[str]) -> bool:
         """Whether the controller would take it as a new test: its delta as the controller
         records it (a card's, relative values made absolute) was not tested before."""
-        card, overrides = choose(hypothesis, load_cards())
-        return measure(BUDGET, overrides).overrides not in self.tested
+        return recorded_delta(hypothesis) not in self.tested
 
     def remember(self, hypothesis: list[str]) -> None:
-        card, overrides = choose(hypothesis, load_cards())
-        self.tested.add(measure(BUDGET, overrides).overrides)
+        self.tested.add(recorded_delta(hypothesis))
 
     @rule(hypothesis=REFUSED)
     def refused(self, hypothesis: list[str]) -> None:
