@@ -110,6 +110,8 @@ def _wait(condition: Callable[[], object], job: str, out: Path, what: str, timeo
     deadline = time.monotonic() + timeout
     while not condition():
         ended = _squeue(job) == ""
+        if ended and condition():  # it met the condition between the two reads (e.g. it ended)
+            return
         if ended or time.monotonic() > deadline:
             why = "the job ended" if ended else "timed out"
             pytest.fail(f"{why} waiting for {what} (job {job}: {_attempts(job)})\n{_read(out)}")
