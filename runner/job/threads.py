@@ -21,8 +21,9 @@ Whatever our own job gets, a user's app gets: the app launcher applies the same 
 process and hands it to an app's subprocess as OMP_NUM_THREADS and MKL_NUM_THREADS.
 
 How the threads wait matters as much as how many there are: runner/__init__.py sets
-OMP_WAIT_POLICY=PASSIVE unless the user set it (bench/threads.py: beside a CPU-hungry job, 19-24x
-the tokens/s of torch's defaults on 2 cores; on a quiet machine 0.45-0.85x of them).
+OMP_WAIT_POLICY=PASSIVE unless the user set it (bench/threads.py, 2 cores: beside a CPU-hungry job
+2.2x the tokens/s of torch's defaults on an otherwise idle machine, 19-24x under more load; alone
+on an idle machine 0.62x of them).
 """
 
 from __future__ import annotations
