@@ -302,7 +302,7 @@ def notice_count(path: Path) -> int:
 def concurrency(store: Store, folder: Path) -> Survived:
     notices = folder / "notices.jsonl"
     outcomes = race(store, "race", notices, folder / "race-ckpt")
-    state = store.find_any("race")
+    state = store.find("race")
     numbers = sorted(t.number for t in state.tests)
     ran = [n for kind, n in outcomes if kind == "claimed"]
     return Survived(

@@ -200,7 +200,7 @@ def test_an_app_counted_in_steps_is_reported_in_steps_and_its_run_says_where_it_
     for slower in ("opt.lr=0.001", "opt.lr=0.0005", "opt.lr=0.0002"):
         assert run_cli("test", slower, "--why", WHY) == 0
     store = Store(f"sqlite:///{here}/mlflow.db", "hyprun")
-    state = store.find_any("steps")
+    state = store.find("steps")
     assert [t.verdict for t in state.tests] == ["confirmed", "rejected", "rejected", "rejected"]
     assert state.escalated
     name = store.run(state.run_id).info.run_name

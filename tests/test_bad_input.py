@@ -30,6 +30,11 @@ CASES = {
     "missing data path": (["data=token_file"], "data.source.path is required"),
     "missing data file": (["data=token_file", "data.source.path=/no/such.bin"], "not found"),
     "budget below one step": (["budget.tokens=100"], "less than one optimizer step"),
+    "data sequences longer than the model's context": (
+        ["data.source.seq_len=128"],
+        "data.source.seq_len=128 is longer than the model's context",
+    ),
+    "threads not a whole number": (["threads=0"], "threads=0"),
     "bad model switch": (["model.norm=batchnorm"], "model:"),
     "bad synthetic knob": (["data.source.duplicate_frac=1.5"], "duplicate_frac"),
     "a DeepSpeed key it does not know": (

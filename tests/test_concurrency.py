@@ -37,7 +37,7 @@ def test_six_tests_at_once_take_exact_numbers_strikes_and_one_escalation(mlflow_
         ("refused", 2),
     ]
 
-    state = store.find_any("race")
+    state = store.find("race")
     assert sorted(t.number for t in state.tests) == list(range(1, RACERS + 1))
     assert [t.verdict for t in state.tests] == ["rejected"] * STRIKES + ["refused"] * 3
     assert state.strikes == STRIKES and state.escalated
@@ -52,7 +52,7 @@ def test_six_tests_at_once_take_exact_numbers_strikes_and_one_escalation(mlflow_
 
     late = controller.test(store, "race", ["optim.lr=3e-5"], WHY)
     assert late.exit_code == EXIT_ESCALATED
-    assert len(store.find_any("race").tests) == RACERS  # a refusal while escalated claims nothing
+    assert len(store.find("race").tests) == RACERS  # a refusal while escalated claims nothing
 
 
 def test_two_commands_started_together_cannot_both_take_the_last_strike(mlflow_server, workdir):

@@ -21,7 +21,7 @@ def test_demo_fixes_one_fault_and_escalates_the_other(workdir, capsys, monkeypat
     captured = capsys.readouterr()
     printed = captured.out
 
-    fixed = store.find_any(names["fixed"])
+    fixed = store.find(names["fixed"])
     assert [t.verdict for t in fixed.tests][-1] == "confirmed" and fixed.strikes < 3
     confirmed = fixed.confirmed[0]
     assert confirmed.variable == "optim.lr" and confirmed.tags["hyprun.verified"] != "none"
@@ -32,7 +32,7 @@ def test_demo_fixes_one_fault_and_escalates_the_other(workdir, capsys, monkeypat
     for survivor in re.findall(r"still firing: (\w+), which", captured.err):
         assert f"'hyprun verify H{number} --promote', then 'hyprun test" in captured.err, survivor
 
-    escalated = store.find_any(names["escalated"])
+    escalated = store.find(names["escalated"])
     assert escalated.escalated and escalated.strikes == 3
     assert [t.verdict for t in escalated.tests] == ["rejected"] * 3  # the fourth never ran
     client = MlflowClient(tracking_uri=store.uri)

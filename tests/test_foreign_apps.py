@@ -50,7 +50,7 @@ def investigate(app: str, planted: str, fix: str, tweaks: list[str], capsys) -> 
     assert run_cli("test", fix, "--why", WHY) == 0
     for tweak in tweaks:
         assert run_cli("test", tweak, "--why", "I think the plateau report's recipe helps") == 0
-    state = store.find_any("inv")
+    state = store.find("inv")
     verdicts = [(t.delta, t.verdict, t.tags.get("hyprun.reason")) for t in state.tests]
     assert [v for _, v, _ in verdicts] == ["confirmed", "rejected", "rejected", "rejected"], (
         verdicts
@@ -73,7 +73,7 @@ def test_hf_trainer_app_baseline_diagnose_confirm_and_escalate(here, capsys):
         ],
         capsys,
     )
-    test = store.find_any("inv").tests[0]
+    test = store.find("inv").tests[0]
     for run in store.seed_runs(test.run_id):  # the Trainer's own MLflow logging, in our runs
         assert "eval_loss" in run.data.metrics and "train/loss" in run.data.metrics
         assert run.data.params["learning_rate"] == "0.003"
@@ -88,6 +88,6 @@ def test_lightning_app_baseline_diagnose_confirm_and_escalate(here, capsys):
         ["optim.lr=3e-5", "optim.warmup_steps=30", "optim.final_lr_fraction=0.0"],
         capsys,
     )
-    test = store.find_any("inv").tests[0]
+    test = store.find("inv").tests[0]
     for run in store.seed_runs(test.run_id):  # MLFlowLogger logged into the run hyprun made
         assert "val_loss" in run.data.metrics and run.data.params["lr"] == "0.003"

@@ -247,7 +247,7 @@ def test_diverging_before_the_first_evaluation_is_a_strike_and_three_escalate(re
         for number, lr in enumerate(("1e30", "1e31", "1e32"), start=1):
             code, _, err = cli("test", f"optim.lr={lr}", "--why", WHY, "--investigation", "inv")
             assert code == 0, err
-            state = store.find_any("inv")
+            state = store.find("inv")
             test = state.tests[-1]
             assert test.verdict == "rejected", test.tags  # before: error, "no finite value"
             assert test.tags["hyprun.reason"].startswith("diverged"), test.tags

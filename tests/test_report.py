@@ -402,7 +402,7 @@ def test_any_investigation_renders(workdir):
     escalated and reset investigations all render, with every image loaded."""
     store = Store(f"sqlite:///{workdir}/mlflow.db", "hyprun")
     store.create("empty", "a baseline that never recorded")
-    markdown, _ = write_report(store, store.find_any("empty"), workdir / "empty")
+    markdown, _ = write_report(store, store.find("empty"), workdir / "empty")
     assert "_no hypothesis tested yet_" in markdown.read_text()
 
     parent = store.create("inv", "note")
@@ -422,7 +422,7 @@ def test_any_investigation_renders(workdir):
     )
     store.tag(compound, {"hyprun.compound": "sched.min_lr_ratio,sched.warmup_frac"})
     seed_run(store, compound, 0, 1e12)  # finite but far off: a log scale keeps both readable
-    state = store.find_any("inv")
+    state = store.find("inv")
     assert state.escalated and state.strikes == 3
     markdown, page = write_report(store, state, workdir / "escalated")
     text = markdown.read_text()
@@ -441,7 +441,7 @@ def test_any_investigation_renders(workdir):
             )
         },
     )
-    state = store.find_any("inv")
+    state = store.find("inv")
     assert state.strikes == 0 and not state.escalated
     markdown, _ = write_report(store, state, workdir / "reset")
     assert "Reset**: by ana: go" in markdown.read_text()

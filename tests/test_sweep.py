@@ -120,7 +120,7 @@ def test_an_in_process_sweep_takes_one_verdict(workdir):
         why="I think the LR is off because loss is flat",
     )
     assert outcome.exit_code == 0
-    state = store.find_any("sw")
+    state = store.find("sw")
     [test] = state.tests
     assert test.verdict == outcome.verdict["status"] and state.strikes <= 1
     table = {json.dumps(t["params"]): t["state"] for t in outcome.verdict["trials"]}

@@ -180,7 +180,7 @@ def _investigate(
         if outcome.verdict["status"] == "confirmed":
             result["verify"] = controller.verify(store, name, outcome.test)
             break
-        if store.find_any(name).escalated:
+        if store.find(name).escalated:
             break
     result["skipped"] = skipped
     _collect(store, name, scenario, result)
@@ -196,7 +196,7 @@ def _triage(scenario: Scenario, document: dict[str, Any], result: dict[str, Any]
 def _recorded_seed0(store, name: str) -> str | None:
     """The run id of seed 0 of a baseline that was recorded but not completed."""
     try:
-        state = store.find_any(name)
+        state = store.find(name)
     except Exception:
         return None
     runs = [r for r in store.seed_runs(state.run_id) if r.data.tags.get("hyprun.seed") == "0"]
@@ -205,7 +205,7 @@ def _recorded_seed0(store, name: str) -> str | None:
 
 def _collect(store, name: str, scenario: Scenario, result: dict[str, Any]) -> None:
     """Tests, verdicts, strikes and tokens as the investigation's MLflow runs record them."""
-    state = store.find_any(name)
+    state = store.find(name)
     seeds = result["seeds"]
     budget = result["budget_tokens"]
     spent = sum(_tokens(r) for r in store.seed_runs(state.run_id))

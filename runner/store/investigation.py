@@ -236,8 +236,6 @@ class Store:
             raise BadInput(f"no investigation yet{self._elsewhere()}")
         return self._follow(parents[0])
 
-    find_any = find  # the name older callers use: one rule, one lookup
-
     def _follow(self, parent) -> State:
         """The investigation's state; the store now writes into the investigation's experiment."""
         self.experiment = self.reads.experiment_name(parent.info.experiment_id)

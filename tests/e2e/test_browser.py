@@ -42,7 +42,7 @@ def investigation(mlflow_server: str, tmp_path_factory: pytest.TempPathFactory):
         for delta, expected in TESTS.items():
             outcome = controller.test(store, NAME, [delta], WHY, max_seeds=2)  # one look
             assert outcome.verdict["status"] == expected, outcome.verdict
-        state = store.find_any(NAME)
+        state = store.find(NAME)
         write_report(store, state, folder / "report")
     return store, state, folder / "report"
 
