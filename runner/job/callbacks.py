@@ -63,7 +63,7 @@ def _trainer_callback() -> type:
             self.probe.after_step()
 
         def on_step_end(self, args, state, control, **kwargs):
-            if self.probe.diverged:
+            if self.probe.diverged or self.probe.should_stop:  # should_stop: stop.py
                 control.should_training_stop = True
 
         def on_evaluate(self, args, state, control, metrics=None, **kwargs):
@@ -120,6 +120,7 @@ def _lightning_callback() -> type:
             if trainer.global_step > self.steps_seen:  # an optimizer step happened
                 self.steps_seen = trainer.global_step
                 self.probe.after_step()
+                trainer.should_stop = trainer.should_stop or self.probe.should_stop  # stop.py
 
         def on_validation_epoch_end(self, trainer, pl_module):
             if trainer.sanity_checking or self.probe is None:

@@ -42,6 +42,7 @@ from hyprun.diag import probes
 from hyprun.diag.efficiency import mfu, transformer_flops_per_token
 from hyprun.diag.evidence import NAN_MODULE_TAG, OUTCOME_TAG
 from hyprun.diag.spikes import SpikeDetector
+from hyprun.runner.job import stop
 
 STEP_UNITS = ("tokens", "steps")
 
@@ -152,9 +153,17 @@ class Probe:
         if hook_optimizer and isinstance(optimizer, torch.optim.Optimizer):
             self._handles.append(optimizer.register_step_post_hook(lambda *_: self.after_step()))
         self._closed = False
+        self._stop_seen = False
+        stop.honour(self)  # hyprun's stop request ends the loop at a step boundary (stop.py)
         atexit.register(self.close)
 
     # ------------------------------------------------------------ the loop's calls
+
+    @property
+    def should_stop(self) -> bool:
+        """hyprun asked this seed to stop (early rejection): end the loop after this step. A loop
+        that steps on gets `StopRequested` from the next `after_step` (runner/job/stop.py)."""
+        return stop.requested()
 
     @property
     def probing(self) -> bool:
@@ -194,6 +203,9 @@ class Probe:
         throughput, spikes, and the metrics of this step into MLflow."""
         if self.diverged:
             return
+        if self._stop_seen:  # the loop did not honour `should_stop` after the last step
+            raise stop.StopRequested()
+        self._stop_seen = stop.requested()
         now = time.perf_counter()
         metrics = dict(self._probed)
         metrics.update(self._parameters())
@@ -221,6 +233,7 @@ class Probe:
         if self._closed:
             return
         self._closed = True
+        stop.release(self)
         for handle in self._handles:
             handle.remove()
         self._close_activations()
