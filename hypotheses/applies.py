@@ -4,51 +4,60 @@ A card whose delta sets every key to the value the config already has (`pre_norm
 that is already pre-norm) costs a test and, when it is rejected, a strike, for nothing: it is
 never suggested. Only what can be read from the resolved config is judged; a config-group
 choice (`sched=wsd`), a relative value (`*F`, which changes any nonzero value) or a key the
-config lacks always counts as a change.
+config lacks always counts as a change. A card translated into an app's own keys
+(runner/launch/knobs.py) is judged by its translated overrides, on the app's config.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import yaml
 
 from hyprun.hypotheses.schema import OVERRIDE, Card
 
-_MISSING = object()
+MISSING = object()
+"""What `lookup` returns for a key the config does not hold (a null value is held)."""
 
 
-def _lookup(config: Mapping[str, Any], dotted: str) -> Any:
+def lookup(config: Mapping[str, Any], dotted: str) -> Any:
+    """The value at a dotted key of a plain config tree, or MISSING."""
     node: Any = config
     for part in dotted.split("."):
         if not isinstance(node, Mapping) or part not in node:
-            return _MISSING
+            return MISSING
         node = node[part]
     return node
 
 
-def _same(current: Any, wanted: Any) -> bool:
+def same(current: Any, wanted: Any) -> bool:
+    """Equal as config values: 1 == 1.0, but True is not 1."""
     if isinstance(current, bool) or isinstance(wanted, bool):
         return current is wanted
     if isinstance(current, int | float) and isinstance(wanted, int | float):
         return float(current) == float(wanted)
     if isinstance(current, list | tuple) and isinstance(wanted, list | tuple):
-        return len(current) == len(wanted) and all(map(_same, current, wanted))
+        return len(current) == len(wanted) and all(map(same, current, wanted))
     return current == wanted
 
 
-def unchanged_by(card: Card, config: Mapping[str, Any]) -> str | None:
-    """Why the card's delta would change nothing in `config` ("model.placement is already
-    'pre'"), or None when it changes something (or that cannot be told from the config)."""
+def unchanged(delta: Sequence[str], config: Mapping[str, Any]) -> str | None:
+    """Why the overrides would change nothing in `config` ("model.placement is already
+    'pre'"), or None when they change something (or that cannot be told from the config)."""
     reasons = []
-    for entry in card.delta:
+    for entry in delta:
         match = OVERRIDE.match(entry)
         if match is None or match["add"] or match["value"].startswith("*"):
             return None
-        current = _lookup(config, match["key"])
+        current = lookup(config, match["key"])
         wanted = yaml.safe_load(match["value"])
-        if current is _MISSING or isinstance(current, Mapping) or not _same(current, wanted):
+        if current is MISSING or isinstance(current, Mapping) or not same(current, wanted):
             return None
         reasons.append(f"{match['key']} is already {current!r}")
     return "; ".join(reasons) or None
+
+
+def unchanged_by(card: Card, config: Mapping[str, Any]) -> str | None:
+    """Why the card's delta would change nothing in our job's `config`, or None."""
+    return unchanged(card.delta, config)

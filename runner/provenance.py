@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import platform
 import subprocess
@@ -31,6 +33,60 @@ def git_state(root: Path = SOURCE_ROOT) -> tuple[str, bool]:
     except (OSError, subprocess.SubprocessError):
         return "unknown", False
     return sha, dirty
+
+
+SOURCE_SUFFIXES = (".py", ".yaml", ".yml")
+"""What a Hydra app's behaviour is written in: its code and its configs."""
+NOT_SOURCE = {"__pycache__", "node_modules", "outputs", "multirun", "mlruns", "lightning_logs"}
+"""Folders of what runs leave (Hydra's outputs, MLflow's and Lightning's logs), not code."""
+MAX_SOURCE_FILES = 5000
+MANIFEST_CHARS = 3000
+"""A manifest longer than this keeps only its digest (it travels in an MLflow tag)."""
+
+
+def source_files(roots: list[Path]) -> dict[str, Path]:
+    """The code and config files under `roots`, by path relative to the first root; hidden
+    folders, virtual environments and run outputs skipped."""
+    found: dict[str, Path] = {}
+    for root in roots:
+        for folder, subfolders, files in os.walk(root):
+            here = Path(folder)
+            subfolders[:] = sorted(
+                name
+                for name in subfolders
+                if not name.startswith(".")
+                and name not in NOT_SOURCE
+                and not (here / name / "pyvenv.cfg").exists()
+            )
+            for name in sorted(files):
+                if name.endswith(SOURCE_SUFFIXES) and len(found) < MAX_SOURCE_FILES:
+                    found.setdefault(os.path.relpath(here / name, roots[0]), here / name)
+    return found
+
+
+def source_digest(roots: list[Path]) -> dict[str, object]:
+    """{"hash": one digest of the files' names and contents, "files": {name: short digest}}:
+    what an app's code was, so an edit outside git is seen too (`files` dropped when long)."""
+    files = {
+        name: hashlib.sha256(path.read_bytes()).hexdigest()[:12]
+        for name, path in source_files(roots).items()
+    }
+    whole = hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()[:16]
+    if len(json.dumps(files)) > MANIFEST_CHARS:
+        files = {}
+    return {"hash": whole, "files": files}
+
+
+def source_changes(before: dict[str, object], now: dict[str, object]) -> str:
+    """What changed between two digests, in words ("train.py edited, conf/x.yaml added")."""
+    old, new = before.get("files") or {}, now.get("files") or {}
+    if not old or not new:
+        return "its files"
+    changes = [f"{name} edited" for name in sorted(old) if name in new and old[name] != new[name]]
+    changes += [f"{name} added" for name in sorted(set(new) - set(old))]
+    changes += [f"{name} removed" for name in sorted(set(old) - set(new))]
+    shown = ", ".join(changes[:5])
+    return shown + (f" and {len(changes) - 5} more" if len(changes) > 5 else "")
 
 
 def tags(world: int, device: torch.device) -> dict[str, str]:

@@ -131,22 +131,22 @@ def cmd_baseline(args: argparse.Namespace) -> int:
 
     name = args.investigation or time.strftime("inv-%Y%m%d-%H%M%S")
     app = HydraApp.load(args.app)  # a user's app (--app, or hyprun.yaml here), else ours
-    if app is not None:
-        app.check(split(args.overrides)[0])  # refused before the store is touched
+    if app is not None:  # refused before the store is touched (its own preflight too)
+        app.admit(split(args.overrides)[0])
     store = _store([] if app else split(args.overrides)[0], args.experiment)
     state = record_baseline(store, name, args.overrides, args.seeds, args.why, app)
     console.print(
         f"baseline of investigation {state.name!r} recorded ({args.seeds} seeds, "
         f"parent run {state.run_id})"
     )
-    document = store.json_artifact(state.run_id, "diagnosis.json")
-    if document:
-        from hyprun.runner.control.diagnose import render_top
+    document = store.json_artifact(state.run_id, "diagnosis.json") or {}
+    from hyprun.runner.control.diagnose import next_step, render_top
 
+    if document:
         render_top(Console(highlight=False, soft_wrap=True), document)
     for line in where_to_look(store, state, commands=False):
         console.print(line, markup=False)
-    console.print("next: hyprun test CARD --why ...  (the top finding's cards first)")
+    console.print(next_step(document), markup=False)  # a card in an app's own keys
     return 0
 
 

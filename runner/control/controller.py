@@ -200,7 +200,7 @@ def record_baseline(
         "config_hash": drift_key(overrides, app),
         "git_sha": code_version(app),
         "seed_runs": [r.run_id for r in results],
-        **({"app": app.record()} if app is not None else {}),
+        **({"app": app.record(), "source": app.source_digest()} if app is not None else {}),
     }
     store.tag(parent, {"hyprun.baseline": json.dumps(baseline), "hyprun.why": why})
     noisy = (*NOISE_METRICS, app.metric().metric) if app is not None else NOISE_METRICS
@@ -324,8 +324,14 @@ def seed_noise(
     return found
 
 
-def choose(argument: list[str], cards: dict[str, Card]) -> tuple[Card | None, list[str]]:
-    """A card id, or overrides."""
+def choose(
+    argument: list[str],
+    cards: dict[str, Card],
+    app: HydraApp | None = None,
+    baseline_overrides: list[str] | None = None,
+) -> tuple[Card | None, list[str]]:
+    """A card id (its delta; for a user's app, in the app's keys: runner/launch/knobs.py), or
+    overrides."""
     if len(argument) == 1 and "=" not in argument[0] and not argument[0].startswith("~"):
         card = cards.get(argument[0])
         if card is None:
@@ -333,7 +339,20 @@ def choose(argument: list[str], cards: dict[str, Card]) -> tuple[Card | None, li
                 f"no hypothesis card {argument[0]!r}: name a card in hypotheses/ "
                 "or give overrides such as optim.lr=3e-4"
             )
-        return card, list(card.delta)
+        if app is None:
+            return card, list(card.delta)
+        translated = app.translate(card, baseline_overrides or [])
+        if translated.reason:
+            raise BadInput(
+                f"card {card.id} ({' '.join(card.delta)}) does not apply to {app.target}: "
+                f"{translated.reason} ({app.declared_in})"
+            )
+        if translated.noop:  # a key the app leaves to its library's default, already the card's
+            raise BadInput(
+                f"card {card.id} ({' '.join(translated.overrides)}) changes nothing: "
+                f"{translated.noop}; a hypothesis must change one variable"
+            )
+        return card, list(translated.overrides)
     return None, list(argument)
 
 
@@ -346,6 +365,14 @@ def check_drift(state: State) -> None:
         raise BadInput(
             f"the code changed since the baseline (git {recorded['git_sha'][:10]} -> {sha[:10]}): "
             "comparing across that is not a controlled test; record a new baseline"
+        )
+    source = recorded.get("source")  # an app's files, git or not (baselines before: none)
+    now = app.source_digest() if app is not None and source else None
+    if now is not None and now["hash"] != source["hash"]:
+        raise BadInput(
+            f"the app's code changed since the baseline ({provenance.source_changes(source, now)} "
+            f"under {Path(app.source).parent}): comparing across that is not a controlled test; "
+            "revert the change, or record a new baseline"
         )
     if drift_key(recorded["overrides"], app) != recorded["config_hash"]:
         raise BadInput(
@@ -487,12 +514,11 @@ def test(
     and 0: the table's seed cap, no token cap)."""
     state = open_test(store, name, why)
     argument, launcher_overrides = split(argument)
-    card, overrides = choose(argument, load_cards())
     baseline_overrides = state.baseline["overrides"]
     app = app_of(state)
+    card, overrides = choose(argument, load_cards(), app, baseline_overrides)
     delta = measure(baseline_overrides, overrides, app, compound=bool(card and card.compound))
-    if app is None:  # a user's app checks its own config when it runs
-        preflight_test(baseline_overrides, delta)  # bad input refused before anything is written
+    preflight_test(baseline_overrides, delta, app)  # bad input refused before anything is written
     design, cap = test_design(store, state, max_seeds, max_tokens)
     launcher = where_tests_run(state, launcher_overrides, f"H{len(state.tests) + 1}")
     earlier = state.tested(list(delta.overrides))
@@ -517,9 +543,16 @@ def test(
         return record_error(store, test_run, label, error)
 
 
-def preflight_test(baseline_overrides: list[str], delta: Delta) -> None:
+def preflight_test(
+    baseline_overrides: list[str], delta: Delta, app: HydraApp | None = None
+) -> None:
     """The test's composed job checked as its seed jobs will check it (validate(), the batch
-    geometry, the model, optimizer and schedule built without training), before a claim."""
+    geometry, the model, optimizer and schedule built without training), before a claim. A
+    user's app: its overrides against its baseline's config and its own preflight
+    (HydraApp.refuse)."""
+    if app is not None:
+        app.refuse(baseline_overrides, delta.overrides)
+        return
     from hyprun.runner.job.train import preflight  # torch: only once a test is about to run
 
     cfg = compose([*baseline_overrides, *delta.overrides])

@@ -5,6 +5,7 @@ Evidence comes from the config, a sample of the data and MLflow; conclusions com
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import asdict
 from typing import Any
@@ -15,11 +16,14 @@ from rich.console import Console
 from rich.table import Table
 
 from hyprun.diag.evidence import Evidence
+from hyprun.diag.features import why_unmeasured
+from hyprun.diag.live_checks import L0_TAG
 from hyprun.diag.static import DataSample, DeviceInfo, device_info, run_checks
 from hyprun.diag.triage import triage
-from hyprun.hypotheses.applies import unchanged_by
+from hyprun.hypotheses.applies import unchanged, unchanged_by
 from hyprun.hypotheses.schema import load_cards
 from hyprun.runner.errors import BadInput
+from hyprun.runner.launch.knobs import Knob, from_dicts, translate
 from hyprun.runner.store.investigation import Store
 from hyprun.runner.store.tracking import latest_run, read_run, record_diagnosis
 
@@ -101,17 +105,33 @@ def diagnose(uri: str, run_id: str | None, experiment: str) -> tuple[str, dict[s
     # The L0 checks read our job's config and data; a user's app has its own (tag hyprun.app),
     # and a run the probe API recorded in someone's loop has none of ours.
     job = "hyprun.app" not in tags and is_job_config(config)
-    static = static_checks(config, this_device(world)) if job else []
+    static = static_checks(config, this_device(world)) if job else live_static(tags)
     evidence = Evidence(config, series, tags, static)
     document = {"run_id": run_id, **triage(evidence).to_dict(), "static": evidence.static}
+    document["why_unmeasured"] = why_unmeasured(tags, list(document["missing_evidence"]))
     if not job:
         document["static_skipped"] = (
-            "no L0 checks: the run has no hyprun job config (data.source, budget): a user's app, "
-            "or a run recorded by the probe API in your own loop"
+            "L0 checks of the optimizer and model as the probe read them at the first steps; "
+            "none of the data, memory or loader: the run has no hyprun job config (a user's "
+            "app, or a run recorded by the probe API in your own loop)"
+            if static
+            else "no L0 checks: the run has no hyprun job config (data.source, budget) and no "
+            "probe read its optimizer"
         )
-    drop_noop_cards(document["findings"], config)
+    # A user's app: its cards in its own keys, through the knobs its seed run recorded.
+    knobs = from_dicts(json.loads(tags.get("hyprun.knobs", "{}"))) if "hyprun.app" in tags else None
+    drop_noop_cards(document["findings"], config, knobs)
     record_diagnosis(uri, run_id, document)
     return run_id, document
+
+
+def live_static(tags: dict[str, str]) -> list[dict]:
+    """The L0 checks the probe made of a live optimizer and model (tag hyprun.l0_checks)."""
+    try:
+        checks = json.loads(tags.get(L0_TAG, "[]"))
+    except ValueError:
+        return []
+    return checks if isinstance(checks, list) else []
 
 
 def is_job_config(config: dict[str, Any]) -> bool:
@@ -120,14 +140,26 @@ def is_job_config(config: dict[str, Any]) -> bool:
     return isinstance(data, dict) and "source" in data and isinstance(budget, dict)
 
 
-def drop_noop_cards(findings: list[dict[str, Any]], config: dict[str, Any]) -> None:
+def drop_noop_cards(
+    findings: list[dict[str, Any]], config: dict[str, Any], knobs: dict[str, Knob] | None = None
+) -> None:
     """Remove from each finding the cards that would change nothing in this run's config (a
-    rejected no-op still costs a strike); what was removed and why stays on the finding."""
+    rejected no-op still costs a strike); what was removed and why stays on the finding.
+    `knobs`: a user's app's (runner/launch/knobs.py): each card kept is translated into the
+    app's keys (`deltas`), one that does not translate is removed with why, and the knobs it
+    needs are listed to declare (`knobs_to_declare`)."""
     cards = load_cards()
     for finding in findings:
-        kept, dropped = [], []
+        kept, dropped, deltas, missing = [], [], {}, []
         for card_id in finding["cards"]:
-            reason = unchanged_by(cards[card_id], config) if card_id in cards else None
+            card = cards.get(card_id)
+            reason = unchanged_by(card, config) if card and knobs is None else None
+            if card and knobs is not None:
+                translated = translate(card, knobs, config)
+                reason = translated.reason or translated.noop
+                reason = reason or unchanged(translated.overrides, config)
+                deltas[card_id] = list(translated.overrides)
+                missing += [translated.missing] if translated.missing else []
             if reason:
                 dropped.append({"card": card_id, "reason": reason})
             else:
@@ -135,6 +167,46 @@ def drop_noop_cards(findings: list[dict[str, Any]], config: dict[str, Any]) -> N
         finding["cards"] = kept
         if dropped:
             finding["cards_not_suggested"] = dropped
+        if knobs is not None:
+            finding["deltas"] = {card: deltas[card] for card in kept}
+            finding["knobs_to_declare"] = sorted(set(missing))
+
+
+def named_cards(finding: dict[str, Any]) -> str:
+    """A finding's cards as a user runs them: in an app's keys where they were translated
+    (`lr_up_10x (training.learning_rate=*10)`), or the knobs to declare when none applies."""
+    deltas = finding.get("deltas", {})
+    named = [
+        f"{card} ({' '.join(deltas[card])})" if card in deltas else card
+        for card in finding["cards"]
+    ]
+    if named:
+        return ", ".join(named)
+    if finding.get("knobs_to_declare"):
+        return f"no card applies: {declare(finding['knobs_to_declare'])}"
+    return "no card"
+
+
+def declare(knobs: list[str]) -> str:
+    """The hyprun.yaml entry that would make cards apply to an app."""
+    entries = ", ".join(f"{knob}: <your key>" for knob in knobs)
+    return f"declare knobs: {{{entries}}} in hyprun.yaml"
+
+
+def next_step(document: dict[str, Any]) -> str:
+    """What to run next: the top finding's first card (in an app's keys), else the knobs to
+    declare so that a card applies."""
+    for finding in document.get("findings", []):
+        if finding["cards"]:
+            card = finding["cards"][0]
+            delta = finding.get("deltas", {}).get(card)
+            runs = f"  (runs {' '.join(delta)})" if delta else ""
+            return f"next: hyprun test {card} --why ...{runs}"
+    for finding in document.get("findings", []):
+        if finding.get("knobs_to_declare"):
+            knobs = declare(finding["knobs_to_declare"])
+            return f"next: {knobs}, so the cards of {finding['id']} apply"
+    return "next: hyprun test CARD --why ...  (the top finding's cards first)"
 
 
 def render_checks(console: Console, checks: list[dict]) -> None:
@@ -169,6 +241,7 @@ def render_diagnosis(console: Console, document: dict[str, Any]) -> None:
         console.print("[green]No pattern fired: no finding to test.[/]")
     else:
         _render_findings(console, findings)
+        console.print(next_step(document), markup=False)
     render_missing(console, document)
 
 
@@ -182,10 +255,13 @@ def render_missing(console: Console, document: dict[str, Any]) -> None:
     table = Table(
         title="Not judged: evidence this run lacks (skipped, not guessed)", title_justify="left"
     )
+    why = document.get("why_unmeasured") or {}
     table.add_column("missing evidence", overflow="fold")
     table.add_column("patterns it would decide", overflow="fold")
+    if why:
+        table.add_column("why this run cannot record it", overflow="fold")
     for need, rows in missing.items():
-        table.add_row(need, ", ".join(rows))
+        table.add_row(need, ", ".join(rows), *([why.get(need, "")] if why else []))
     console.print(table)
 
 
@@ -203,7 +279,7 @@ def _render_findings(console: Console, findings: list[dict[str, Any]]) -> None:
             f"{f['evidence']}: {measured} [dim](severity {_fmt(f['severity'])})[/]",
             f["cause"],
             f["first_action"],
-            ", ".join(f["cards"]),
+            named_cards(f),
         )
     console.print(table)
 
@@ -216,8 +292,7 @@ def render_top(console: Console, document: dict[str, Any], top: int = 3) -> None
     if not findings:
         console.print("[green]No pattern fired: no finding to test.[/]")
     for rank, f in enumerate(findings[:top], 1):
-        cards = ", ".join(f["cards"]) or "no card"
-        console.print(f"  {rank}. {f['id']}: {f['evidence']} -> {cards}", markup=False)
+        console.print(f"  {rank}. {f['id']}: {f['evidence']} -> {named_cards(f)}", markup=False)
     if len(findings) > top:
         console.print(f"  ... {len(findings) - top} more: hyprun diagnose", markup=False)
 

@@ -183,9 +183,8 @@ def sweep(
     key, dist = override.key_or_group, distribution(override)
     app = app_of(state)
     deltas = candidate_deltas(state.baseline["overrides"], key, dist, app)
-    if app is None:  # each bound checked as its trial's job will check it, before a claim
-        for delta in deltas:
-            preflight_test(state.baseline["overrides"], delta)
+    for delta in deltas:  # each bound checked as its trial's job will check it, before a claim
+        preflight_test(state.baseline["overrides"], delta, app)
     if trials < 2:
         raise BadInput(f"--trials {trials}: a sweep needs 2 or more (one value: 'hyprun test')")
     refuse_repeat(state, list(argument))

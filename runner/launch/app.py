@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import json
 import math
 import os
 import subprocess
@@ -37,11 +38,13 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from hyprun.diag.metric import MetricSpec
+from hyprun.hypotheses.schema import Card
 from hyprun.runner import provenance
 from hyprun.runner.compose import APP_OUTPUT_DIR, compose
 from hyprun.runner.errors import BadInput
 from hyprun.runner.job import threads
 from hyprun.runner.job.result import JobResult
+from hyprun.runner.launch.app_preflight import call_preflight, check_overrides
 from hyprun.runner.launch.declaration import (
     DECLARATION,
     Declaration,
@@ -50,6 +53,7 @@ from hyprun.runner.launch.declaration import (
     load_declaration,
     read_decorator,
 )
+from hyprun.runner.launch.knobs import Knob, Translation, resolve, translate
 from hyprun.runner.store import app_runs
 from hyprun.runner.store.tracking import flatten
 
@@ -148,16 +152,24 @@ class HydraApp:
         return found
 
     def check(self, overrides: list[str]) -> DictConfig:
-        """Compose the app's config; every declared key must be in it, the seed a whole number."""
+        """Compose the app's config; every declared key must be in it (the controlled ones and
+        the knobs hyprun.yaml maps), the seed a whole number."""
         cfg = self.compose(overrides)
-        for entry, keys in self.controlled_keys().items():
-            for key in keys:
-                if OmegaConf.select(cfg, key, default=_ABSENT) is _ABSENT:
-                    raise BadInput(
-                        f"{self.declared_in}: controlled.{entry} names {key!r}, which is not a key "
-                        f"of the app's config ({self.config_dir}/{self.config_name}.yaml): "
-                        "fix the key"
-                    )
+        declared = [
+            (f"controlled.{entry}", key)
+            for entry, keys in self.controlled_keys().items()
+            for key in keys
+        ]
+        declared += [
+            (f"knobs.{k.name}", k.key) for k in self.knobs().values() if k.source == DECLARATION
+        ]
+        for entry, key in declared:
+            if OmegaConf.select(cfg, key, default=_ABSENT) is _ABSENT:
+                raise BadInput(
+                    f"{self.declared_in}: {entry} names {key!r}, which is not a key "
+                    f"of the app's config ({self.config_dir}/{self.config_name}.yaml): "
+                    "fix the key"
+                )
         seed = OmegaConf.select(cfg, self.declaration.controlled.seed)
         if not isinstance(seed, int) or isinstance(seed, bool):
             raise BadInput(
@@ -165,6 +177,44 @@ class HydraApp:
                 f"{self.declaration.controlled.seed!r}, which is {seed!r}: it must be an integer"
             )
         return cfg
+
+    def admit(self, overrides: list[str]) -> DictConfig:
+        """`check`, then the app's own preflight (hyprun.yaml's `preflight:`) on the config."""
+        cfg = self.check(overrides)
+        if self.declaration.preflight:
+            call_preflight(self.declaration.preflight, cfg, self.declared_in)
+        return cfg
+
+    def refuse(self, baseline_overrides: list[str], overrides: tuple[str, ...]) -> None:
+        """A test's overrides checked before it takes a number (runner/launch/app_preflight.py):
+        types against the baseline's values, new keys nothing reads, knob values, the declared
+        keys, the app's own preflight. BadInput names the first problem and its fix."""
+        baseline = OmegaConf.to_container(self.compose(baseline_overrides), resolve=True)
+        test = self.admit([*baseline_overrides, *overrides])
+        check_overrides(
+            overrides,
+            baseline,
+            OmegaConf.to_container(test, resolve=True),
+            self.knobs(),
+            self.declaration.knobs,
+            self.groups(),
+        )
+
+    # -- the cards, in its keys -----------------------------------------------------------
+    def knobs(self) -> dict[str, Knob]:
+        """The cards' knobs this app maps: its preset's, then hyprun.yaml's own entries."""
+        return resolve(self.declaration.knobs)
+
+    def translate(self, card: Card, baseline_overrides: list[str]) -> Translation:
+        """`card`'s delta in this app's keys, on its baseline's config (or why it does not
+        apply)."""
+        baseline = OmegaConf.to_container(self.compose(baseline_overrides), resolve=True)
+        return translate(card, self.knobs(), baseline)
+
+    def source_digest(self) -> dict[str, object]:
+        """What the app's code and configs are now: its module's folder and its config folder
+        (runner/provenance.py), so an edit outside git is seen as drift too."""
+        return provenance.source_digest([Path(self.source).parent, Path(self.config_dir)])
 
     def rules(self) -> dict[str, Any]:
         """The one-variable rule's table for this app, in runner/control/controlled.yaml's shape:
@@ -239,7 +289,15 @@ class HydraApp:
                     "experiment": experiment,
                     "parent_run_id": parent,
                     "run_name": name,
-                    "tags": {**tags, "hyprun.seed": str(seed), "hyprun.app": self.target},
+                    "tags": {
+                        **tags,
+                        "hyprun.seed": str(seed),
+                        "hyprun.app": self.target,
+                        # what diagnose needs to name cards in the app's keys
+                        "hyprun.knobs": json.dumps(
+                            {name: knob.as_dict() for name, knob in self.knobs().items()}
+                        ),
+                    },
                 },
             }
         )

@@ -4,6 +4,8 @@ app before it can run it (runner/launch/app.py runs it).
     app: my_pkg.train:main
     controlled: {seed: seed, data_order: data.seed, budget: trainer.max_steps, heldout: data.n_val}
     metric: {name: val_loss, direction: min, step: steps}
+    knobs: {preset: lightning, prefix: trainer, optim.lr: model.lr}     # optional
+    preflight: my_pkg.train:check                                      # optional
 
 A missing or malformed entry is one line naming the file, the entry and the fix (BadInput, exit 2).
 The decorator's `config_path`/`config_name` are read from the app's source, not by importing it:
@@ -23,6 +25,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from hyprun.runner.errors import BadInput
+from hyprun.runner.launch.knobs import declared_problem
 
 DECLARATION = "hyprun.yaml"
 Keys = str | list[str]
@@ -67,6 +70,13 @@ class Declaration(BaseModel):
     metric: Metric
     ignored: list[str] = []
     """Bookkeeping keys (output folders, run names) that are not part of the experiment."""
+    knobs: dict[str, str] = {}
+    """The cards' knobs in the app's keys (`optim.lr: training.learning_rate`), and/or a
+    library's preset under the node the app passes to it (`preset: hf, prefix: training`);
+    runner/launch/knobs.yaml lists both. A card whose keys are all mapped applies to the app."""
+    preflight: str | None = Field(None, pattern=r"^[\w.]+:\w+$")
+    """`package.module:function` hyprun calls with a test's composed config before it takes a
+    number (no training): an exception refuses the test with its message."""
 
 
 HINTS = {
@@ -95,13 +105,17 @@ def load_declaration(path: Path) -> Declaration:
     if not isinstance(data, dict):
         raise BadInput(f"{path}: expected a mapping with controlled: and metric:")
     try:
-        return Declaration.model_validate(data)
+        declared = Declaration.model_validate(data)
     except ValidationError as error:
         first = error.errors()[0]
         where = ".".join(str(part) for part in first["loc"])
         if first["type"] == "missing":
             raise BadInput(f"{path}: {where} is missing: {HINTS.get(where, 'add it')}") from None
         raise BadInput(f"{path}: {where}: {first['msg']}") from None
+    problem = declared_problem(declared.knobs)
+    if problem:
+        raise BadInput(f"{path}: {problem}")
+    return declared
 
 
 @dataclass(frozen=True)
