@@ -190,7 +190,7 @@ class HydraApp:
         types against the baseline's values, new keys nothing reads, knob values, the declared
         keys, the app's own preflight. BadInput names the first problem and its fix."""
         baseline = OmegaConf.to_container(self.compose(baseline_overrides), resolve=True)
-        test = self.admit([*baseline_overrides, *overrides])
+        test = self.check([*baseline_overrides, *overrides])
         check_overrides(
             overrides,
             baseline,
@@ -199,6 +199,8 @@ class HydraApp:
             self.declaration.knobs,
             self.groups(),
         )
+        if self.declaration.preflight:  # last: ours name the override, the app's its own terms
+            call_preflight(self.declaration.preflight, test, self.declared_in)
 
     # -- the cards, in its keys -----------------------------------------------------------
     def knobs(self) -> dict[str, Knob]:
