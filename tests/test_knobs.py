@@ -22,7 +22,7 @@ from hyprun.hypotheses.schema import load_cards
 from hyprun.runner.cli.main import main as hyprun
 from hyprun.runner.control.diagnose import drop_noop_cards, named_cards, next_step
 from hyprun.runner.launch.app_preflight import unread
-from hyprun.runner.launch.knobs import from_dicts, load_knobs, resolve, translate
+from hyprun.runner.launch.knobs import from_dicts, load_knobs, resolve, translate, value_problem
 from hyprun.runner.store.investigation import Store
 
 ROOT = Path(__file__).parents[1]
@@ -98,6 +98,18 @@ def test_a_card_that_would_change_nothing_or_cannot_translate_says_why():
     assert translated(
         "sched_cosine_warm_restarts", schedule, {"scheduler": "cosine"}
     ).overrides == ("scheduler=cosine_warm_restarts",)
+
+
+def test_a_knobs_range_holds_where_the_apps_key_means_the_knob():
+    assert value_problem(HF["optim.lr"], -1) == "the learning rate (optim.lr) must be > 0"
+    assert value_problem(HF["ds.micro_batch"], 4.5) == (
+        "the micro-batch size per device (ds.micro_batch) is a whole number"
+    )
+    assert value_problem(HF["sched.warmup_frac"], 30) is None  # HF's warmup_steps: steps too
+    fraction = resolve({"sched.warmup_frac": "warmup"})["sched.warmup_frac"]
+    assert value_problem(fraction, 30) == (
+        "the warmup's fraction of the budget (sched.warmup_frac) must be < 1"
+    )
 
 
 def test_a_new_key_is_read_only_when_a_knob_or_the_presets_class_reads_it():
@@ -192,6 +204,9 @@ def test_hf_app_baseline_suggests_lr_up_10x_in_its_keys_and_the_card_runs_them(
     assert run_cli("baseline", "--app", app, low, "--seeds", "2", "--investigation", "hf") == 0
     err = capsys.readouterr().err
     assert "next: hyprun test lr_up_10x --why ...  (runs training.learning_rate=*10)" in err, err
+    findings = Store(f"sqlite:///{here}/mlflow.db", "hyprun").find("hf").findings
+    assert findings and {"lr_up_10x"} <= set(findings[0]["cards"]), findings  # kept for status
+    assert findings[0]["variables"] == ["training.learning_rate"], findings
     assert (
         run_cli("test", "lr_up_10x", "--why", "I think the LR is too low because it is flat") == 0
     )

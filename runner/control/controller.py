@@ -68,7 +68,7 @@ from hyprun.diag.metric import MetricSpec
 from hyprun.diag.sequential import Design, plan
 from hyprun.diag.triage import load_tables
 from hyprun.diag.verdict import compare, early_reject, load_params
-from hyprun.hypotheses.schema import Card, load_cards
+from hyprun.hypotheses.schema import Card, load_cards, override_key
 from hyprun.runner import markdown, provenance
 from hyprun.runner.compose import compose, one_line
 from hyprun.runner.control.fixed import card_keys, finding_cards, fixed_lines
@@ -223,13 +223,17 @@ def top_findings(document: dict[str, Any], cards: dict[str, Card]) -> list[dict[
     found = []
     for finding in document.get("findings", [])[:TOP_FINDINGS]:
         testing = finding_cards(finding, cards)
+        variables = card_keys(testing, cards)
+        if "deltas" in finding:  # a user's app: the cards that apply to it, in its keys
+            testing = finding["cards"]
+            variables = sorted({override_key(o) for d in finding["deltas"].values() for o in d})
         found.append(
             {
                 "id": finding["id"],
                 "cause": str(finding.get("cause", ""))[:300],
                 "first_action": str(finding.get("first_action", ""))[:300],
                 "cards": testing,
-                "variables": card_keys(testing, cards),
+                "variables": variables,
             }
         )
     return found

@@ -60,6 +60,9 @@ class PresetKnob(Strict):
     """The library's default, for an app whose config leaves the field out (null: unset)."""
     values: dict[str, Scalar] | None = None
     """Card value -> the library's value, where the vocabularies differ."""
+    wider: bool = False
+    """The field takes more than the knob's values (HF's warmup_steps: a fraction, or whole
+    steps): a value is then checked against the baseline's type only, not the knob's range."""
 
 
 class Preset(Strict):
@@ -103,6 +106,8 @@ class Knob:
     """The library's default when the app's config lacks the key (presets only)."""
     values: Mapping[str, Scalar] | None = None
     """Card value -> app value; None: the card's value is the app's."""
+    wider: bool = False
+    """The app's key takes values the knob's range does not hold (see PresetKnob.wider)."""
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -110,6 +115,7 @@ class Knob:
             "source": self.source,
             "default": self.default,
             "values": dict(self.values) if self.values is not None else None,
+            "wider": self.wider,
         }
 
 
@@ -143,7 +149,9 @@ def resolve(declared: Mapping[str, str]) -> dict[str, Knob]:
         preset = load_knobs().presets[name]
         for knob, field in preset.knobs.items():
             key = f"{declared[PREFIX]}.{field.key}"
-            knobs[knob] = Knob(knob, key, f"preset {name}", field.default, field.values)
+            knobs[knob] = Knob(
+                knob, key, f"preset {name}", field.default, field.values, field.wider
+            )
     for knob, key in declared.items():
         if knob not in (PRESET, PREFIX):
             knobs[knob] = Knob(knob, key, "hyprun.yaml")
@@ -219,8 +227,9 @@ def written(value: Scalar) -> str:
 
 def value_problem(knob: Knob, value: Any) -> str | None:
     """Why `value` is not one the knob may take (in words), or None. A knob whose values the
-    app spells its own way (a preset's `values:`) is judged by the app's own value's type."""
-    if knob.values is not None:
+    app spells its own way (a preset's `values:`), or whose key takes more (`wider`), is judged
+    by the app's own value's type."""
+    if knob.values is not None or knob.wider:
         return None
     spec = load_knobs().vocabulary[knob.name]
     number = isinstance(value, int | float) and not isinstance(value, bool)
