@@ -66,8 +66,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_mlflow_server(folder: Path, port: int) -> subprocess.Popen:
-    """A real `mlflow server` on 127.0.0.1:`port` with its store in `folder`, once it accepts
+def start_mlflow_server(folder: Path, port: int, host: str = "127.0.0.1") -> subprocess.Popen:
+    """A real `mlflow server` on `host`:`port` with its store in `folder`, once it accepts
     connections (the same folder and port again: the same server, restarted)."""
     env = python_env(MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
     with open(folder / "server.log", "a") as log:  # the server writes to its own copy
@@ -78,7 +78,7 @@ def start_mlflow_server(folder: Path, port: int) -> subprocess.Popen:
                 "mlflow",
                 "server",
                 "--host",
-                "127.0.0.1",
+                host,
                 "--port",
                 str(port),
                 "--workers",
@@ -96,7 +96,7 @@ def start_mlflow_server(folder: Path, port: int) -> subprocess.Popen:
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1):
+            with socket.create_connection((host, port), timeout=1):
                 return server
         except OSError:
             if server.poll() is not None:
