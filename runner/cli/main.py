@@ -195,6 +195,7 @@ def cmd_status(args: argparse.Namespace) -> int:
             "stopped": t.tags.get("hyprun.stopped", "")
             or (f"round {t.tags['hyprun.round']}" if "hyprun.round" in t.tags else ""),
             "reason": t.tags.get("hyprun.reason", ""),
+            "by": t.user,
             "run_id": t.run_id,
             "slurm": jobs.get(t.run_id, {}),
         }
@@ -216,6 +217,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     title = escape(title)  # names and deltas are the user's text, not rich markup
     table = Table(title=title, title_justify="left")
     columns = ["test", "delta", "verdict", "effect", "seeds", "spent", "stopped", "reason"]
+    columns += ["by"] if any(row["by"] for row in rows) else []  # who ran it (a team's store)
     columns += ["slurm"] if jobs else []
     for column in columns:
         table.add_column(column, overflow="fold")

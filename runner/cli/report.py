@@ -162,7 +162,11 @@ def gather(store: Store, state: State) -> Report:
         hypotheses,
     ]
     reasons = [
-        (f"H{t.number}", t.tags.get("hyprun.why", ""), r.reason)
+        (
+            f"H{t.number}" + (f" (by {t.user})" if t.user else ""),
+            t.tags.get("hyprun.why", ""),
+            r.reason,
+        )
         for t, r in zip(state.tests, rows, strict=True)
     ]
     facts = _facts(state, parent, diagnosis, rows)
@@ -190,7 +194,8 @@ def _facts(state: State, parent, diagnosis: dict, rows: list[TestRow]) -> list[t
         seeds = f"{base['seeds']} seeds"
         if state.baseline_seeds > base["seeds"]:  # tests in rounds grew it
             seeds += f" (+{state.baseline_seeds - base['seeds']} added by tests' rounds)"
-        facts.append(("Baseline", f"{overrides} · {seeds} · git {base['git_sha'][:10]}"))
+        by = f" · by {parent.data.tags['hyprun.user']}" if "hyprun.user" in parent.data.tags else ""
+        facts.append(("Baseline", f"{overrides} · {seeds} · git {base['git_sha'][:10]}{by}"))
         if base.get("promoted_from"):
             facts.append(("Promoted from", base["promoted_from"]))
     metrics = parent.data.metrics

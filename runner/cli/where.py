@@ -11,7 +11,7 @@ def where_to_look(store: Store, state: State, commands: bool = True) -> list[str
     """The MLflow UI command and its two deep links (and, once escalated, the escalation
     report and how to reset), then (with `commands`) the CLI commands that find it."""
     found = links(store, state)
-    lines = [f"MLflow UI: {found.serve}" if found.serve else f"MLflow UI: {store.uri}"]
+    lines = [f"MLflow UI: {found.serve or found.home}"]  # a server's without its credentials
     lines += [f"  its runs:  {found.runs}", f"  compared:  {found.compare}"]
     where = f"--investigation {state.name} --experiment {store.experiment}"
     if found.escalation:

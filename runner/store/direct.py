@@ -205,9 +205,7 @@ class RestReads:
 
     def __init__(self, uri: str, client_factory):
         parts = urllib.parse.urlsplit(uri)
-        netloc = parts.hostname or ""
-        netloc += f":{parts.port}" if parts.port else ""
-        self.base = urllib.parse.urlunsplit((parts.scheme, netloc, parts.path.rstrip("/"), "", ""))
+        self.base = server_base(uri)
         self.uri = uri
         self.headers = {"Content-Type": "application/json", **_auth_headers(parts)}
         self.timeout_s = float(os.environ.get("MLFLOW_HTTP_REQUEST_TIMEOUT", "120"))
@@ -304,6 +302,10 @@ class RestReads:
         except urllib.error.HTTPError as error:
             if error.code == 404 and _error_code(error) == "RESOURCE_DOES_NOT_EXIST":
                 raise _NotFound from None
+            if error.code == 401:  # MLflow's client would only say it with a traceback
+                from hyprun.runner.store.access import not_signed_in
+
+                raise not_signed_in(self.uri) from None
             raise _Unexpected from None
         except (urllib.error.URLError, TimeoutError, ConnectionError) as error:
             from hyprun.runner.store.tracking import redact
@@ -385,6 +387,27 @@ def _run_of_json(run: dict) -> Run:
             tags={t["key"]: t.get("value", "") for t in data.get("tags", [])},
         ),
     )
+
+
+def server_base(uri: str) -> str:
+    """A server's address without the `user:password@` a URI may carry (MLflow's client sends
+    those as basic-auth): what requests go to, and what links and messages show."""
+    parts = urllib.parse.urlsplit(uri)
+    netloc = parts.hostname or ""
+    netloc += f":{parts.port}" if parts.port else ""
+    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path.rstrip("/"), "", ""))
+
+
+def sign_in(uri: str) -> str:
+    """`uri` without the `user:password@` it may carry: those go to MLFLOW_TRACKING_USERNAME and
+    MLFLOW_TRACKING_PASSWORD, which MLflow's client sends alike (and which redaction masks),
+    since it prints every run's link from the URI it was given, the password in it."""
+    parts = urllib.parse.urlsplit(uri)
+    if parts.scheme not in ("http", "https") or parts.password is None:
+        return uri
+    os.environ["MLFLOW_TRACKING_USERNAME"] = urllib.parse.unquote(parts.username or "")
+    os.environ["MLFLOW_TRACKING_PASSWORD"] = urllib.parse.unquote(parts.password)
+    return server_base(uri)
 
 
 def _needs_client_auth() -> bool:

@@ -21,12 +21,14 @@ from typing import Any
 from urllib.parse import quote, urlencode
 
 from hyprun.runner.errors import BadInput
-from hyprun.runner.store import direct
+from hyprun.runner.store import access, direct
 from hyprun.runner.store.app_runs import last_per_step
 from hyprun.runner.store.tracking import experiment_id, redact
 
 STRIKES = 3
 ROLE, INVESTIGATION = "hyprun.role", "hyprun.investigation"
+USER = "hyprun.user"
+"""Who ran it: the account a team's server authenticated (runner/store/access.py)."""
 NUMBER = "test.H"
 """Parent-run params `test.H1`, `test.H2`, ...: the run id holding each test number."""
 
@@ -58,6 +60,11 @@ class Test:
     """running | confirmed | rejected | inconclusive | error | refused"""
     started: int
     tags: dict[str, str]
+
+    @property
+    def user(self) -> str:
+        """Who ran the test ("" for tests recorded before runs named their user)."""
+        return self.tags.get(USER, "")
 
     @property
     def strike(self) -> bool:
@@ -193,8 +200,10 @@ class Store:
     the store follows it into its experiment, so its tests' runs land beside it."""
 
     def __init__(self, uri: str, experiment: str, pinned: bool = False):
-        self.uri, self.experiment, self.pinned = uri, experiment, pinned
+        # Credentials in the URI move to MLflow's variables: no link or param shows them.
+        self.uri, self.experiment, self.pinned = direct.sign_in(uri), experiment, pinned
         self._client = None
+        self._may_write = False
         # Reading an investigation (`hyprun status`, every refusal) needs neither MLflow's
         # import nor its store set-up, 2-6 s together: see runner/store/direct.py.
         self.reads = direct.reader(uri, lambda: self.client)
@@ -208,13 +217,27 @@ class Store:
             self._client = MlflowClient(tracking_uri=self.uri)
         return self._client
 
+    def writable(self) -> None:
+        """BadInput, before the first write, when the user may only read the experiment the
+        store writes into (a team's server with accounts: runner/store/access.py)."""
+        if not self._may_write:
+            experiment = self.reads.experiment_id(self.experiment)
+            access.require_edit(self.uri, experiment, self.experiment)
+            self._may_write = True
+
     def create(self, name: str, description: str) -> str:
         if self._parent(name) is not None:
             raise BadInput(f"investigation {name!r} exists already: pick another --investigation")
+        self.writable()
         run = self.client.create_run(
             experiment_id(self.client, self.experiment),
             run_name=name,
-            tags={ROLE: "investigation", INVESTIGATION: name, "mlflow.note.content": description},
+            tags={
+                ROLE: "investigation",
+                INVESTIGATION: name,
+                USER: access.user(self.uri),
+                "mlflow.note.content": description,
+            },
         )
         return run.info.run_id
 
@@ -303,14 +326,16 @@ class Store:
         return number
 
     def child(self, parent_id: str, name: str, tags: dict[str, str]) -> str:
+        self.writable()
         run = self.client.create_run(
             self.client.get_run(parent_id).info.experiment_id,
             run_name=name,
-            tags={**tags, "mlflow.parentRunId": parent_id},
+            tags={**tags, USER: access.user(self.uri), "mlflow.parentRunId": parent_id},
         )
         return run.info.run_id
 
     def tag(self, run_id: str, tags: dict[str, Any]) -> None:
+        self.writable()
         from mlflow.entities import RunTag
 
         self.client.log_batch(run_id, tags=[RunTag(k, redact(str(v))) for k, v in tags.items()])
@@ -432,6 +457,8 @@ class Links:
     """Its seed runs grouped by side (baseline, each test), loss curves in the chart view."""
     escalation: str
     """Its escalation report (escalation.md on its run), or "" while it is not escalated."""
+    home: str = UI_LOCAL
+    """The UI's address: the tracking server's (without credentials), or `mlflow ui`'s."""
 
 
 def links(store: Store, state: State) -> Links:
@@ -440,7 +467,7 @@ def links(store: Store, state: State) -> Links:
     (the sidebar switch, remembered per browser; the `mlflow.experimentKind` tag no longer
     decides): every link carries it."""
     served = store.uri.startswith(("http://", "https://"))
-    base = store.uri.rstrip("/") if served else UI_LOCAL
+    base = direct.server_base(store.uri) if served else UI_LOCAL  # no credentials in a link
     serve = "" if served else f"mlflow ui --backend-store-uri {store.uri}"
     experiment = store.reads.get_run(state.run_id).info.experiment_id
     page = f"{base}/#/experiments/{experiment}/runs"
@@ -454,7 +481,7 @@ def links(store: Store, state: State) -> Links:
     escalation = ""
     if state.escalated:
         escalation = f"{page}/{state.run_id}/artifacts/escalation.md?{urlencode(model_training)}"
-    return Links(serve, link(runs_view, "TABLE"), link(compare_view, "CHART"), escalation)
+    return Links(serve, link(runs_view, "TABLE"), link(compare_view, "CHART"), escalation, base)
 
 
 def view_keys(name: str) -> tuple[str, str]:

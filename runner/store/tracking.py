@@ -119,12 +119,16 @@ class Tracker:
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "15")
         from mlflow.tracking import MlflowClient
 
+        from hyprun.runner.store import access, direct
+
+        uri = direct.sign_in(uri)  # MLflow prints each run's link from it: no password there
         client = MlflowClient(tracking_uri=uri)
         extra = {"spool": spool, "outage_grace_s": outage_grace_s}
         if run_id is not None:
             client.update_run(run_id, status="RUNNING")
             return cls(client, run_id, flush_every_s, resumed=True, **extra)
         tags = {k: redact(str(v)) for k, v in (tags or {}).items()}
+        tags.setdefault("hyprun.user", access.user(uri))  # who ran it, on a team's store
         if parent_run_id:
             tags["mlflow.parentRunId"] = parent_run_id
         run_name = redact(run_name) if run_name else run_name
@@ -300,9 +304,13 @@ def _unreachable(error: MlflowException) -> bool:
 
 
 def experiment_id(client: MlflowClient, name: str) -> str:
-    """The experiment's id, created on first use (two jobs may race to create it)."""
+    """The experiment's id, created on first use (two jobs may race to create it). A user who
+    may only read it is refused here, before anything is written (runner/store/access.py)."""
+    from hyprun.runner.store import access
+
     found = client.get_experiment_by_name(name)
     if found is not None:
+        access.require_edit(client.tracking_uri, found.experiment_id, name)
         return found.experiment_id
     try:  # the kind makes MLflow 3's UI open the runs table, not its GenAI overview
         return client.create_experiment(
