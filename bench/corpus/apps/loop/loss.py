@@ -1,0 +1,37 @@
+"""The training loss as the corpus's reports wrote it: correct, or with one of their bugs.
+
+Every function returns the summed token loss and the number of tokens it counted, so the loop
+can normalise over an optimizer step the way the clean twin does (sum over the step's tokens,
+divided by their count: transformers PR 34191's fix) or the way a report did.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from bench.corpus.apps.loop.data import IGNORE, PAD
+
+
+def token_loss(logits: torch.Tensor, x: torch.Tensor, y: torch.Tensor, bug) -> tuple:
+    """(summed cross-entropy, tokens counted) of one micro-batch under the switches in `bug`."""
+    target = y
+    if bug.padding_in_loss:  # labels = input ids: padding is a target like any token
+        target = torch.where(y == IGNORE, torch.full_like(y, PAD), y)
+    if bug.labels_not_shifted:  # the current token as its own target
+        target = torch.where(y == IGNORE, y, x)
+    if bug.labels_shifted_twice:  # pre-shifted labels shifted again: the token after next
+        logits, target = logits[:, :-1], target[:, 1:]
+    if bug.double_softmax:  # probabilities into a loss that applies log-softmax itself
+        logits = logits.softmax(-1)
+    flat = logits.reshape(-1, logits.shape[-1])
+    total = F.cross_entropy(flat, target.reshape(-1), ignore_index=IGNORE, reduction="sum")
+    return total, int((target != IGNORE).sum())
+
+
+def eval_loss(model, data: dict) -> float:
+    """Mean next-token loss over the held-out set's real tokens (always the correct loss)."""
+    with torch.no_grad():
+        logits = model(data["x"])
+        flat = logits.reshape(-1, logits.shape[-1])
+        return float(F.cross_entropy(flat, data["y"].reshape(-1), ignore_index=IGNORE))

@@ -1,0 +1,126 @@
+"""The corpus's plain PyTorch loop (bench/corpus/corpus.yaml, form `loop`): a Hydra app that logs
+`eval_loss` to the MLflow run hyprun hands it and carries hyprun's Probe for L1 evidence.
+
+Every bug of the corpus is one switch under `bug:`, written the way its report wrote it; all off
+is the clean twin. The switches change only the lines their reports got wrong.
+"""
+
+from __future__ import annotations
+
+import hydra
+import mlflow
+import torch
+from omegaconf import DictConfig
+
+from bench.corpus.apps.loop.data import batch_order, sequences
+from bench.corpus.apps.loop.loss import eval_loss, token_loss
+from bench.corpus.apps.loop.model import TinyLM
+from hyprun.runner.job.probe import Probe
+
+
+def build(cfg: DictConfig) -> tuple:
+    """The model, its optimizer and the per-epoch LR schedule, as each report built them."""
+    torch.manual_seed(cfg.seed)
+    m = cfg.model
+    model = TinyLM(cfg.data.vocab, cfg.data.seq_len, m.n_layer, m.d_model, m.n_head, m.dropout)
+    if cfg.bug.frozen_except_norm:  # PyTorch forum 84911: every weight but the norms frozen
+        for name, parameter in model.named_parameters():
+            parameter.requires_grad = "norm" in name or "ln_" in name
+    new_head = torch.nn.Linear(m.d_model, cfg.data.vocab)  # a fresh head, as in fine-tuning
+    if not cfg.bug.head_not_in_optimizer:
+        model.head = new_head
+    optimizer = make_optimizer(cfg, model)
+    if cfg.bug.head_not_in_optimizer:  # replaced after the optimizer took the parameters
+        model.head = new_head
+    schedule = torch.optim.lr_scheduler.StepLR(optimizer, cfg.sched.every_epochs, cfg.sched.gamma)
+    return model, optimizer, schedule
+
+
+def make_optimizer(cfg: DictConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
+    o = cfg.optim
+    if o.name == "sgd":
+        return torch.optim.SGD(
+            model.parameters(), lr=o.lr, momentum=o.momentum, weight_decay=o.weight_decay
+        )
+    return torch.optim.AdamW(model.parameters(), lr=o.lr, weight_decay=o.weight_decay)
+
+
+def micro_batches(cfg: DictConfig, data: dict):
+    """An endless stream of (x, y) micro-batches, epoch after epoch."""
+    shuffled = not cfg.bug.data_not_shuffled
+    first = batch_order(data, cfg.train.batch, cfg.data.seed, 0, shuffled)[0]
+    epoch = 0
+    while True:
+        for rows in batch_order(data, cfg.train.batch, cfg.data.seed, epoch, shuffled):
+            if cfg.bug.same_batch_every_step:  # next(iter(loader)) each step, no shuffling
+                rows = first
+            yield data["x"][rows], data["y"][rows]
+        epoch += 1
+
+
+def step_loss(model, micro: list, bug, accum: int) -> float:
+    """Forward and backward over one optimizer step's micro-batches; the step's mean loss."""
+    losses = [token_loss(model(x), x, y, bug) for x, y in micro]
+    step_tokens = sum(count for _, count in losses)
+    for total, count in losses:
+        if bug.accum_loss_not_divided:  # each micro-batch's mean, summed over the step
+            scaled = total / count
+        elif bug.accum_mean_of_means:  # the mean of micro-batch means (transformers #34191)
+            scaled = total / count / accum
+        else:  # the step's token sum over its token count
+            scaled = total / step_tokens
+        scaled.backward(retain_graph=False)
+    return float(sum(total.detach() for total, _ in losses)) / step_tokens
+
+
+def fit(cfg: DictConfig, log=None, probe: bool = True, attach=None) -> float:
+    """Train as configured; `log(name, value, step)` gets each eval loss; the last one returned.
+    `probe`: attach hyprun's Probe (it logs into the active MLflow run); `attach(model,
+    optimizer)`: called once before training, for hooks of an outside observer."""
+    d, t, bug = cfg.data, cfg.train, cfg.bug
+    train_set = sequences(d.n_train, d.vocab, d.seq_len, d.min_len, d.seed)
+    heldout = sequences(d.n_eval, d.vocab, d.seq_len, d.min_len, d.eval_seed)
+    model, optimizer, schedule = build(cfg)
+    steps_per_epoch = d.n_train // (t.batch * t.accum)
+    stream = micro_batches(cfg, train_set)
+    watch = Probe(model, optimizer, step_unit="steps") if probe else None
+    if attach:
+        attach(model, optimizer)
+    model.train()
+    last = float("nan")
+    for step in range(1, t.steps + 1):
+        per_epoch = bug.zero_grad_per_epoch and (step - 1) % steps_per_epoch != 0
+        if not bug.zero_grad_missing and not per_epoch:
+            optimizer.zero_grad()
+        loss = step_loss(model, [next(stream) for _ in range(t.accum)], bug, t.accum)
+        if watch:
+            watch.after_backward(loss)
+        if cfg.optim.clip and not bug.clip_after_step:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.clip)
+        optimizer.step()
+        if cfg.optim.clip and bug.clip_after_step:  # clips gradients already applied
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.clip)
+        epoch_end = step % steps_per_epoch == 0 and not bug.scheduler_never_stepped
+        if bug.scheduler_per_batch or epoch_end:
+            schedule.step()
+        if step % t.eval_every == 0 or step == t.steps:
+            if not bug.eval_without_eval_mode:
+                model.eval()
+            last = eval_loss(model, heldout)
+            if log:
+                log("eval_loss", last, step)
+            if not bug.eval_mode_left_on:
+                model.train()
+    if watch:
+        watch.close()
+    return last
+
+
+@hydra.main(config_path="conf", config_name="train", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    with mlflow.start_run():
+        fit(cfg, log=lambda name, value, step: mlflow.log_metric(name, value, step=step))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,70 @@
+"""The invariants' false alarms on healthy runs and what they see on the corpus's faults
+(python -m bench.corpus.invariant_rates): diag/invariants.py through bench/corpus/watch.py's
+hooks on the corpus app, every distinct clean twin on seeds 0 and 1 (the healthy population),
+and every row's fault on seed 0. Writes results/invariants.json and .md.
+
+Read with care: the invariants were written knowing the whole corpus (both halves), so what
+they see on its faults is in-sample; the false-alarm rate on the clean twins is the figure
+that sets nothing.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from bench.corpus.apps.loop.train import fit
+from bench.corpus.compose import app_config
+from bench.corpus.schema import load_corpus
+from bench.corpus.watch import InvariantWatch
+
+RESULTS = Path(__file__).with_name("results")
+SEEDS = (0, 1)
+
+
+def fired(overrides: list[str], seed: int) -> dict[str, list[str]]:
+    """The invariants a run of the loop app breaks: {invariant: [where, ...]}."""
+    cfg = app_config("loop", [*overrides, f"seed={seed}"])
+    watches: list[InvariantWatch] = []
+    fit(cfg, probe=False, attach=lambda model, opt: watches.append(InvariantWatch(model, opt)))
+    found = watches[0].violations(cfg.train.steps)
+    return {name: [v.where for v in found[name]] for name in found if found[name]}
+
+
+def main() -> int:
+    torch.set_num_threads(1)
+    rows = load_corpus().rows
+    healthy, faults = {}, {}
+    for base in dict.fromkeys(tuple(row.twin_overrides) for row in rows):
+        for seed in SEEDS:
+            healthy[f"{' '.join(base) or 'default'} seed={seed}"] = fired(list(base), seed)
+    for row in rows:
+        faults[row.id] = fired(row.fault_overrides, 0)
+    alarms = {name: sum(bool(f) for f in healthy.values()) for name in ("any",)}
+    lines = [
+        "# Invariants on the corpus app",
+        "",
+        f"- healthy runs with any violation: {alarms['any']} of {len(healthy)}",
+        "",
+        "| healthy run | violations |",
+        "| --- | --- |",
+        *(f"| {k} | {', '.join(v) or 'none'} |" for k, v in healthy.items()),
+        "",
+        "| fault (seed 0) | invariants broken |",
+        "| --- | --- |",
+        *(f"| {k} | {', '.join(v) or 'none'} |" for k, v in faults.items()),
+    ]
+    text = "\n".join(lines) + "\n"
+    print(text)
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "invariants.md").write_text(text)
+    (RESULTS / "invariants.json").write_text(
+        json.dumps({"healthy": healthy, "faults": faults}, indent=1)
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

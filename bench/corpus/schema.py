@@ -1,0 +1,100 @@
+"""The corpus table's schema: every row of corpus.yaml is validated by these models on load."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+CORPUS = Path(__file__).with_name("corpus.yaml")
+FORMS = ("hf", "lightning", "loop", "ours")
+
+
+class Harm(BaseModel):
+    """What the planted bug did at this scale: final held-out loss, fault and clean twin."""
+
+    model_config = ConfigDict(extra="forbid")
+    fault: list[float]
+    """The fault's final eval loss, one per seed (seeds 0 and 1)."""
+    twin: list[float]
+    """The clean twin's (switch off, same base overrides), same seeds."""
+    change: float
+    """Mean fault over mean twin, minus 1: +0.20 is 20% worse."""
+
+
+class Row(BaseModel):
+    """One publicly reported training failure, reproduced behind a switch."""
+
+    model_config = ConfigDict(extra="forbid")
+    id: str
+    sources: list[str] = Field(min_length=1)
+    """Where it was reported: issue, pull request or forum thread URLs."""
+    reported_in: Literal["hf", "lightning", "loop", "ours", "deepspeed", "megatron"]
+    """The form its reporters trained in."""
+    form: Literal["hf", "lightning", "loop", "ours"]
+    """The form it is reproduced in here (bench/corpus/apps/FORM)."""
+    saw: str
+    """What the reporters saw, in our words."""
+    switch: str
+    """The one config key that plants the bug (`bug.NAME`, true = bug on)."""
+    base: list[str] = []
+    """Overrides the fault and its clean twin share (the setting the report trained in)."""
+    root_cause: str
+    """The root cause in words."""
+    cause: list[str] = Field(min_length=1)
+    """Finding ids that name the root cause: a detection is one of them in the top 3."""
+    fix_cards: list[str] = []
+    """Cards (as the app spells them, apps/FORM/cards.yaml) whose one-variable test removes the
+    harm; empty when only the code fix does (the switch itself, always a fix)."""
+    silent: bool = False
+    """True when the harm is a wrong number or a silently dropped feature rather than a worse
+    eval loss at this budget (the report's own description)."""
+    harm: Harm | None = None
+    """Measured by `python -m bench.corpus.harm` before the split; null until then."""
+
+    @field_validator("sources")
+    @classmethod
+    def _urls(cls, sources: list[str]) -> list[str]:
+        for url in sources:
+            if not url.startswith("https://"):
+                raise ValueError(f"source {url!r} is not an https URL")
+        return sources
+
+    @field_validator("switch")
+    @classmethod
+    def _one_key(cls, switch: str) -> str:
+        if (
+            not switch.startswith("bug.")
+            or "=" in switch
+            or " " in switch
+            or switch.count(".") != 1
+        ):
+            raise ValueError(f"switch {switch!r} must be one key bug.NAME")
+        return switch
+
+    @property
+    def fault_overrides(self) -> list[str]:
+        return [*self.base, f"{self.switch}=true"]
+
+    @property
+    def twin_overrides(self) -> list[str]:
+        return list(self.base)
+
+
+class Corpus(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    rows: list[Row] = Field(min_length=15)
+
+    @field_validator("rows")
+    @classmethod
+    def _unique(cls, rows: list[Row]) -> list[Row]:
+        ids = [row.id for row in rows]
+        if len(ids) != len(set(ids)):
+            raise ValueError("row ids repeat")
+        return rows
+
+
+def load_corpus(path: Path = CORPUS) -> Corpus:
+    return Corpus.model_validate(yaml.safe_load(Path(path).read_text()))

@@ -1,0 +1,63 @@
+"""The corpus split (python -m bench.corpus.split --seed SEED): half the rows to tune on, half held
+out, drawn once with a seeded numpy permutation and committed before anything is scored.
+
+split.yaml records the seed, the draw and a SHA-256 of corpus.yaml as it stood, so the rows it
+split cannot change unseen; every results file records split.yaml's own SHA-256, and
+tests/test_bench_corpus.py fails when split.yaml changes after results exist.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import sys
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from bench.corpus.schema import CORPUS, load_corpus
+
+SPLIT = Path(__file__).with_name("split.yaml")
+SETS = ("tuning", "heldout")
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def draw(ids: list[str], seed: int) -> dict[str, list[str]]:
+    """Ids in corpus order, permuted by the seed; the first half (rounded down) tunes."""
+    order = [ids[i] for i in np.random.default_rng(seed).permutation(len(ids))]
+    half = len(ids) // 2
+    return {
+        "tuning": sorted(order[:half], key=ids.index),
+        "heldout": sorted(order[half:], key=ids.index),
+    }
+
+
+def load_split(path: Path = SPLIT) -> dict:
+    return yaml.safe_load(Path(path).read_text())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.corpus.split", description=__doc__)
+    parser.add_argument("--seed", type=int, required=True)
+    args = parser.parse_args(argv)
+    if SPLIT.exists():
+        print(f"{SPLIT} exists: the split is drawn once; it is frozen", file=sys.stderr)
+        return 2
+    ids = [row.id for row in load_corpus().rows]
+    sets = draw(ids, args.seed)
+    header = (
+        f"# Drawn once by `python -m bench.corpus.split --seed {args.seed}` before any scoring or\n"
+        "# tuning; frozen (tests/test_bench_corpus.py). corpus_sha256: corpus.yaml as split.\n"
+    )
+    body = {"seed": args.seed, "corpus_sha256": sha256(CORPUS), **sets}
+    SPLIT.write_text(header + yaml.safe_dump(body, sort_keys=False))
+    print(SPLIT.read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,78 @@
+"""The real-world corpus (bench/corpus): every row is well-formed and sourced, each bug is one
+switch of its app that changes training, the split is frozen once drawn, and the harness
+refuses to score the held-out half twice. The harness itself runs outside CI:
+python -m bench.corpus --set tuning|heldout."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from omegaconf import OmegaConf
+
+from bench.corpus.__main__ import main as harness
+from bench.corpus.cards import applicable
+from bench.corpus.compose import app_config, final_eval_loss
+from bench.corpus.schema import CORPUS, Row, load_corpus
+from bench.corpus.split import SPLIT, draw, load_split, sha256
+
+ROWS = load_corpus().rows
+TINY = ["train.steps=8", "train.eval_every=4", "data.n_train=64", "model.d_model=16"]
+"""A run of a few seconds' fraction: 4 optimizer steps per epoch, so per-epoch switches act."""
+
+
+def test_at_least_fifteen_rows_each_with_a_public_source():
+    assert len(ROWS) >= 15
+    for row in ROWS:
+        assert row.sources and all(url.startswith("https://") for url in row.sources), row.id
+        assert row.saw.strip() and row.root_cause.strip() and row.cause, row.id
+
+
+def test_a_switch_must_be_one_bug_key():
+    fields = ROWS[0].model_dump()
+    for bad in ("bug.a=true", "optim.lr", "bug.a.b", "bug.a bug.b"):
+        with pytest.raises(ValueError, match="one key"):
+            Row(**{**fields, "switch": bad})
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[row.id for row in ROWS])
+def test_each_switch_is_off_in_the_twin_and_changes_training(row):
+    twin = app_config(row.form, row.twin_overrides)
+    assert OmegaConf.select(twin, row.switch) is False  # all off: the clean twin
+    assert OmegaConf.select(app_config(row.form, row.fault_overrides), row.switch) is True
+    fault_loss = final_eval_loss(row.form, [*TINY, *row.fault_overrides], seed=0)
+    twin_loss = final_eval_loss(row.form, [*TINY, *row.twin_overrides], seed=0)
+    assert fault_loss != pytest.approx(twin_loss, rel=1e-6, abs=1e-7), row.id
+
+
+def test_fix_cards_are_cards_that_apply_to_the_fault():
+    for row in ROWS:
+        assert set(row.fix_cards) <= set(applicable(row.form, row.fault_overrides)), row.id
+
+
+def test_cards_translate_through_the_apps_knobs():
+    cards = applicable("loop", ["optim.lr=0.002"])
+    assert cards["lr_down_10x"] == ["optim.lr=0.0002"]
+    assert "grad_clip" not in cards  # clipping is already 1.0: the card changes nothing
+
+
+def test_the_split_is_the_seeded_draw_of_the_rows_as_they_stand():
+    split = load_split()
+    ids = [row.id for row in ROWS]
+    assert draw(ids, split["seed"]) == {"tuning": split["tuning"], "heldout": split["heldout"]}
+    assert sorted(split["tuning"] + split["heldout"]) == sorted(ids)
+    assert split["corpus_sha256"] == sha256(CORPUS), "corpus.yaml changed after the split"
+
+
+def test_results_were_scored_on_this_split():
+    for path in sorted(SPLIT.parent.glob("results/*.json")):
+        meta = json.loads(path.read_text()).get("meta")
+        if meta and "split_sha256" in meta:
+            assert meta["split_sha256"] == sha256(SPLIT), f"split.yaml changed after {path.name}"
+
+
+def test_the_held_out_half_is_scored_once(tmp_path, capsys):
+    (tmp_path / "heldout.json").write_text("{}")
+    assert harness(["--set", "heldout", "--out", str(tmp_path)]) == 2
+    assert "scored once" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["heldout.json"]

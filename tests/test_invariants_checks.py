@@ -1,0 +1,69 @@
+"""diag/invariants.py on crafted numbers: each invariant holds on a healthy loop's numbers and
+breaks on the bug it names (the corpus rows in bench/corpus/corpus.yaml)."""
+
+from __future__ import annotations
+
+import math
+
+from hyprun.diag import invariants as inv
+
+
+def test_modules_in_eval_mode_at_a_train_step_are_named():
+    assert inv.modules_not_training({"drop": True, "bn": True}) == []
+    (violation,) = inv.modules_not_training({"drop": False, "bn": True})
+    assert violation.invariant == "train_mode_while_training" and violation.where == "drop"
+
+
+def test_modules_still_training_at_an_eval_forward_are_named():
+    assert inv.modules_training_at_eval({"drop": False}) == []
+    assert inv.modules_training_at_eval({"drop": True})[0].invariant == "eval_mode_while_evaluating"
+
+
+def test_a_gradient_left_over_at_a_steps_start_breaks_the_reset_invariant():
+    assert inv.stale_gradients([0.0, 0.0, 0.0]) == []
+    stale = inv.stale_gradients([0.0, 0.41, 0.0, math.nan])  # zero_grad skipped after step 0
+    assert [v.where for v in stale] == ["step 1", "step 3"]
+
+
+def test_trainable_parameters_without_a_gradient_or_an_optimizer_are_named():
+    names = ["emb", "block.w", "head.w"]
+    assert inv.params_without_gradient(names, names) == []
+    assert [v.where for v in inv.params_without_gradient(names, ["emb", "head.w"])] == ["block.w"]
+    assert inv.params_not_in_optimizer(names, names) == []
+    (missing,) = inv.params_not_in_optimizer(names, ["emb", "block.w"])  # head replaced later
+    assert missing.where == "head.w"
+
+
+def test_the_loss_keeps_its_scale_when_a_batch_is_split_into_accumulation_steps():
+    sums, tokens = [30.0, 10.0, 20.0, 20.0], [20, 5, 10, 5]  # token mean 80 / 40 = 2.0
+    correct = [s / sum(tokens) for s in sums]  # each micro-batch: its sum over the step's tokens
+    assert inv.accumulation_scale(correct, sums, tokens) == []
+    not_divided = [s / n for s, n in zip(sums, tokens, strict=True)]  # each mean, summed
+    (violation,) = inv.accumulation_scale(not_divided, sums, tokens)
+    assert "(x4.75)" in violation.evidence  # (1.5 + 2 + 2 + 4) / 2.0: four means, not one
+    means_of_means = [s / n / 4 for s, n in zip(sums, tokens, strict=True)]  # 2.375 vs 2.0
+    assert inv.accumulation_scale(means_of_means, sums, tokens)
+    equal_lengths = [s / 10 / 4 for s in sums]  # every micro-batch 10 tokens: equal weights
+    assert inv.accumulation_scale(equal_lengths, sums, [10, 10, 10, 10]) == []
+
+
+def test_an_lr_that_collapses_in_the_first_half_is_a_broken_schedule():
+    cosine = [0.5 * (1 + math.cos(math.pi * s / 100)) for s in range(100)]  # ends near 0
+    assert inv.schedule_collapse(cosine, 100) == []
+    per_epoch_step_lr = [0.5 ** (s // 50) for s in range(100)]  # StepLR(gamma .5) per epoch
+    assert inv.schedule_collapse(per_epoch_step_lr, 100) == []
+    per_batch = [0.5**s for s in range(100)]  # the same StepLR stepped per batch
+    (violation,) = inv.schedule_collapse(per_batch, 100)
+    assert violation.where == "step 10 of 100"  # 0.5^10 < 1e-3
+
+
+def test_a_mostly_frozen_model_is_an_l0_warning():
+    assert inv.mostly_frozen(90, 100) == []  # 10% frozen (an embedding, say)
+    assert inv.mostly_frozen(5, 100)[0].invariant == "params_frozen"
+
+
+def test_replicas_agree_unless_a_checksum_differs():
+    assert inv.replicas_disagree([12.5, 12.5]) == []
+    assert inv.replicas_disagree([12.5]) == []
+    (violation,) = inv.replicas_disagree([12.5, 12.5, 12.51])
+    assert violation.where == "rank 2"
