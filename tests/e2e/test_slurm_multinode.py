@@ -136,9 +136,11 @@ def test_time_limit_signal_requeues_into_the_same_run(two_node_run, bridge_mlflo
 
     _wait_for(training, "the first training loss")
     subprocess.run(["scancel", "--batch", "--signal=USR1", job], check=True, timeout=60)
+    signalled = time.monotonic()
     assert wait_until_over(job) == "COMPLETED"
+    print(f"USR1 to COMPLETED, through the requeue: {time.monotonic() - signalled:.0f} s")
     log = (tmp_path / f"slurm-hyprun-{job}.out").read_text()
-    assert "requeueing job" in log and "attempt 1" in log, log
+    assert "requeueing job" in log and "attempt 1" in log and "resuming run" in log, log
 
     requeued = the_run(uri, "requeued")
     assert requeued.data.tags["slurm.restarts"] == "1"
@@ -157,6 +159,7 @@ def test_time_limit_signal_requeues_into_the_same_run(two_node_run, bridge_mlflo
 def investigation(two_node_cluster, bridge_mlflow_server, tmp_path_factory):
     """(folder, store) of an investigation whose 2-seed baseline ran as 2-node jobs."""
     folder = tmp_path_factory.mktemp("two-nodes")
+    started = time.monotonic()
     done = hyprun(
         "baseline",
         *BUDGET,
@@ -171,25 +174,22 @@ def investigation(two_node_cluster, bridge_mlflow_server, tmp_path_factory):
         SLURM_CONF=two_node_cluster,
     )
     assert done.returncode == 0, done.stdout + done.stderr
+    print(f"a 2-seed baseline of 2-node jobs: {time.monotonic() - started:.0f} s")
     return folder, Store(bridge_mlflow_server, "hyprun")
 
 
+def test_of(investigation, uri: str, delta: str, wait: bool = True):
+    """`hyprun test DELTA` in the investigation, at most 2 seeds a side (one look)."""
+    folder, _ = investigation
+    args = ["test", delta, "--why", WHY, "--investigation", NAME, "--max-seeds", "2"]
+    return hyprun(*args, cwd=folder, uri=uri, wait=wait)
+
+
 def test_hypothesis_test_runs_each_seed_as_a_two_node_job(investigation, bridge_mlflow_server):
-    folder, store = investigation
+    _, store = investigation
     known = len(store.find(NAME).tests)
     started = time.monotonic()
-    done = hyprun(
-        "test",
-        "optim.lr=3e-3",
-        "--why",
-        WHY,
-        "--investigation",
-        NAME,
-        "--max-seeds",
-        "2",
-        cwd=folder,
-        uri=bridge_mlflow_server,
-    )
+    done = test_of(investigation, bridge_mlflow_server, "optim.lr=3e-3")
     assert done.returncode == 0, done.stdout + done.stderr
     print(f"a 2-seed test of 2-node jobs: {time.monotonic() - started:.0f} s")
     state = store.find(NAME)
@@ -227,21 +227,9 @@ def rank_pid(job: str, rank: int) -> tuple[int, str]:
 def test_rank_killed_on_the_second_node_is_an_error_not_a_strike(
     investigation, bridge_mlflow_server
 ):
-    folder, store = investigation
+    _, store = investigation
     before = store.find(NAME)
-    command = hyprun(
-        "test",
-        "optim.lr=2e-3",
-        "--why",
-        WHY,
-        "--investigation",
-        NAME,
-        "--max-seeds",
-        "2",
-        cwd=folder,
-        uri=bridge_mlflow_server,
-        wait=False,
-    )
+    command = test_of(investigation, bridge_mlflow_server, "optim.lr=2e-3", wait=False)
     known = len(before.tests)
     _wait_for(
         lambda: (
@@ -264,7 +252,7 @@ def test_rank_killed_on_the_second_node_is_an_error_not_a_strike(
     killed = time.monotonic()
     output, _ = command.communicate(timeout=600)
     seconds = time.monotonic() - killed
-    print(f"rank 2 killed on node2: the controller ended {seconds:.0f} s later")
+    print(f"rank 2 killed on node2: the controller ended {seconds:.0f} s later: {output[-300:]}")
     assert command.returncode == 1, output
     after = store.find(NAME)
     test = next(t for t in after.tests if t.run_id == test.run_id)
