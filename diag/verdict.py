@@ -1112,13 +1112,15 @@ def worse_at_mark(
     return MarkCheck(mark, result, z_reject, margin)
 
 
-def early_stop(check: MarkCheck, primary: MetricSpec, budget: int, params: VerdictParams):
+def early_stop(
+    check: MarkCheck, primary: MetricSpec, budget: int, params: VerdictParams, unit: str = "tokens"
+):
     result = check.result
     change = result.effect_abs / result.scale
     return EarlyStop(
         tokens=check.mark,
         reason=(
-            f"{primary.metric} at {check.mark:,} tokens ({check.mark / budget:.0%} of the "
+            f"{primary.metric} at {check.mark:,} {unit} ({check.mark / budget:.0%} of the "
             f"budget): {_num(result.mean_t)} vs baseline {_num(result.mean_b)} "
             f"({_pct(change, signed=True)}), worse by {_zs(-result.z)}σ of noise "
             f"(> {check.z_reject:.2g}σ + {_pct(check.margin)}) at {params.early.consecutive} "
@@ -1139,6 +1141,7 @@ def early_reject(
     min_frac: float | None = None,
     design: Design | None = None,
     params: VerdictParams | None = None,
+    unit: str = "tokens",
 ) -> EarlyStop | None:
     """Stop a running test that is clearly worse than the baseline (rule: module docstring).
 
@@ -1148,7 +1151,8 @@ def early_reject(
     the mark just reached. None: keep running. `min_frac` overrides early.min_frac (pass ~1 for
     hypotheses whose gain only shows at the end, e.g. schedule changes). `design`: the test's
     sequential design, whose reject boundary at the current round is the one applied (None:
-    the fixed-k rule's)."""
+    the fixed-k rule's). `unit`: what the marks count, as the reason names them (an app's metric
+    may be logged by steps)."""
     params = params or load_params()
     if budget_tokens <= 0:
         raise ValueError(f"early_reject: budget_tokens must be > 0, got {budget_tokens}")
@@ -1163,5 +1167,5 @@ def early_reject(
         check = worse_at_mark(baseline, partial_test, primary, mark, budget_tokens, params, design)
         streak = streak + 1 if check is not None and check.hit else 0
         if streak >= params.early.consecutive:
-            return early_stop(check, primary, budget_tokens, params)
+            return early_stop(check, primary, budget_tokens, params, unit)
     return None

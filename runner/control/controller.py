@@ -47,6 +47,7 @@ against the real CLI and a real store):
 from __future__ import annotations
 
 import functools
+import importlib
 import json
 import math
 import os
@@ -648,7 +649,8 @@ def in_rounds(
     decisions) and goes on where it stopped. `designed`: the design and the cap that ends it;
     `looks`: the test is the best of that many sweep trials (its design spends alpha / looks)."""
     design, cap = designed
-    watch = EarlyRejection(store, primary)
+    app = app_of(state)
+    watch = EarlyRejection(store, primary, app.metric().metric if app else "eval/loss")
     done = finished_seeds(store, test_run)  # a resumed test does not rerun finished seeds
     spent = {"test": sum(r.trained(state.unit) for r in done.values()), "baseline": 0}
     for look, seeds in enumerate(design.seeds):
@@ -998,14 +1000,16 @@ def record_verdict(
 
 
 class EarlyRejection:
-    """Watches a test's held-out loss as its seeds train; stops the test once it is clearly worse
-    than the baseline band (hyprun.diag.verdict.early_reject: the reject side of the round's look),
-    saving the rest of its tokens."""
+    """Watches a test's held-out metric as its seeds train; stops the test once it is clearly
+    worse than the baseline band (hyprun.diag.verdict.early_reject: the reject side of the round's
+    look), saving the rest of its tokens (or steps). `watched`: the metric the seeds report as
+    they train, our job's `eval/loss` or an app's declared metric (runner/launch/watch.py reads
+    it); a test judged on another metric is not stopped early."""
 
-    def __init__(self, store: Store, primary: MetricSpec):
+    def __init__(self, store: Store, primary: MetricSpec, watched: str = "eval/loss"):
         self.store = store
         self.primary = primary
-        self.enabled = primary.metric == "eval/loss"  # the metric a job reports as it trains
+        self.enabled = primary.metric == watched
         self.baseline: dict[int, list[tuple[int, float]]] = {}
         self.partial: dict[int, list[tuple[int, float]]] = {}
         self.design: Design | None = None
@@ -1020,6 +1024,8 @@ class EarlyRejection:
         if self.enabled:
             runs = [state.baseline_run(s) for s in baseline_seeds]
             self.baseline = seed_curves(self.store, runs, self.primary.metric)
+            # scipy.stats now (2 s here), not at the first judgement, while an app trains on
+            importlib.import_module("scipy.stats")
 
     def for_seed(self, seed: int, budget: int):
         if not self.enabled:
@@ -1027,9 +1033,16 @@ class EarlyRejection:
         self.budget = budget
 
         def on_eval(tokens: int, value: float) -> bool:
+            if tokens >= budget:  # the end is the full look's, as our job never calls it there
+                return False
             self.partial.setdefault(seed, []).append((tokens, value))
             self.stop = early_reject(
-                self.baseline, self.partial, self.primary, budget, design=self.design
+                self.baseline,
+                self.partial,
+                self.primary,
+                budget,
+                design=self.design,
+                unit=self.unit,
             )
             return self.stop is not None
 

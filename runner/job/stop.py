@@ -2,15 +2,19 @@
 
 The contract, for any app hyprun runs:
 
-- hyprun asks by SIGTERM: to the app's process when it runs in a subprocess (a Slurm job gets
-  it from `scancel`), to its own main thread when the app runs in hyprun's process (there
-  only where no `Probe` would see the flag). From then on `requested()` is True.
+- In a subprocess (`run: subprocess` in hyprun.yaml; every Slurm job, where `scancel` sends the
+  same) hyprun asks by SIGTERM; in hyprun's own process, by a flag. `requested()` is True from
+  then on.
 - A `Probe` (and so `HyprunTrainerCallback` and `HyprunLightningCallback`) *honours* the request:
   the loop ends at the next optimizer-step boundary. The callbacks stop their trainer
   (`control.should_training_stop`, `trainer.should_stop`); a plain loop reads
   `probe.should_stop` after each step (`if probe.should_stop: break`), and one that steps on
   anyway gets `StopRequested` from the probe's next `after_step`.
-- An app with no probe gets `StopRequested` at once, where the signal finds it.
+- An app in a subprocess with no probe gets `StopRequested` at once, where the signal finds it.
+  In hyprun's own process such an app runs its seed to the end (its other seeds are not
+  started): an exception thrown into arbitrary app code there could leave hyprun's own MLflow
+  store mid-write (a run here once left the sqlite store locked), where a subprocess that exits
+  releases everything.
 
 `StopRequested` is a `SystemExit` with the conventional 75 ("interrupted"): it unwinds the app
 (`with mlflow.start_run()` closes its run, `finally` blocks run) and ends its process without a
@@ -25,7 +29,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 SIGNAL = signal.SIGTERM
-"""What a stop request is delivered as: what `scancel` sends too, so a Slurm job reads alike."""
+"""A stop request to a subprocess: what `scancel` sends too, so a Slurm job reads alike."""
 EXIT_STOPPED = 75
 
 
@@ -38,9 +42,6 @@ class StopRequested(SystemExit):
 
 _flag = threading.Event()
 _honouring: set[int] = set()  # ids of the probes that will end the loop at a step boundary
-_listening = False  # our handler is installed in this process's main thread
-_asked = False  # hyprun's watcher asked (not a SIGTERM from elsewhere)
-_lock = threading.Lock()  # a signal is only sent while our handler is the one installed
 
 
 def requested() -> bool:
@@ -58,14 +59,8 @@ def release(owner: object) -> None:
 
 
 def request() -> None:
-    """Ask the app running in this process to stop (from hyprun's watcher thread): the flag for
-    a probe; with none, the signal to the main thread, whose handler raises `StopRequested`."""
-    global _asked
-    with _lock:
-        _asked = True
-        _flag.set()
-        if not _honouring and _listening:
-            signal.pthread_kill(threading.main_thread().ident, SIGNAL)
+    """Ask the app running in this process to stop (from hyprun's watch thread)."""
+    _flag.set()
 
 
 def _handle(signum: int, frame: object) -> None:
@@ -76,31 +71,16 @@ def _handle(signum: int, frame: object) -> None:
 
 def listen() -> None:
     """Handle stop requests for the rest of this process (an app's own subprocess)."""
-    global _listening
     signal.signal(SIGNAL, _handle)
-    _listening = True
 
 
 @contextmanager
 def listening() -> Iterator[None]:
-    """Handle stop requests while an app runs in this process (main thread only: elsewhere only
-    a probe sees the flag). A SIGTERM hyprun did not send (the user's `kill`) is passed on to the
-    handler it replaced once the app has unwound."""
-    global _listening, _asked
+    """A fresh flag for an app run in this process; its probes are the only ones counted."""
     _flag.clear()
-    _asked = False
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(SIGNAL, _handle)
-    _listening = True
+    _honouring.clear()  # the probes of an app run before, closed or not, are not this app's
     try:
         yield
     finally:
-        with _lock:
-            _listening = False
-            signal.signal(SIGNAL, previous)
-        from_elsewhere = _flag.is_set() and not _asked
         _flag.clear()
-        if from_elsewhere:
-            signal.raise_signal(SIGNAL)
+        _honouring.clear()

@@ -30,6 +30,7 @@ import math
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,7 +43,7 @@ from hyprun.hypotheses.schema import Card
 from hyprun.runner import provenance
 from hyprun.runner.compose import APP_OUTPUT_DIR, compose
 from hyprun.runner.errors import BadInput
-from hyprun.runner.job import threads
+from hyprun.runner.job import stop, threads
 from hyprun.runner.job.result import JobResult
 from hyprun.runner.launch.app_preflight import call_preflight, check_overrides
 from hyprun.runner.launch.declaration import (
@@ -54,6 +55,7 @@ from hyprun.runner.launch.declaration import (
     read_decorator,
 )
 from hyprun.runner.launch.knobs import Knob, Translation, resolve, translate
+from hyprun.runner.launch.watch import MetricWatch
 from hyprun.runner.store import app_runs
 from hyprun.runner.store.tracking import flatten
 
@@ -316,9 +318,15 @@ def is_app(config: DictConfig | dict) -> bool:
     return "app" in config
 
 
-def run_app(config: DictConfig, process: str | None = None) -> JobResult:
+def run_app(
+    config: DictConfig,
+    process: str | None = None,
+    on_eval: Callable[[int, float], bool] | None = None,
+) -> JobResult:
     """Run one seed of the app to its end; its result as MLflow records it. `process`:
-    in_process | subprocess (default: as declared)."""
+    in_process | subprocess (default: as declared). `on_eval(step, value)` is called with each
+    value of the declared metric as the app logs it (runner/launch/watch.py); True asks the app
+    to stop (runner/job/stop.py), and the seed ends `stopped` (early rejection)."""
     job, tracking = config.app, config.tracking
     app = HydraApp.from_record(OmegaConf.to_container(job.record))
     overrides = list(job.overrides)
@@ -363,17 +371,29 @@ def run_app(config: DictConfig, process: str | None = None) -> JobResult:
     where = ["--config-path", app.config_dir, "--config-name", app.config_name]
     argv = [*overrides, f"hydra.run.dir={run_dir}", *where]
     process = process or app.declaration.run
+    watching = (tracking.uri, run_id, app.declaration.metric.name, on_eval)
     if process == "subprocess":
-        code, reason = _subprocess(app.target, argv, env, Path(job.cwd))
-    else:
-        with threads.limited(chosen.count):
+        child = _Child(app.target, argv, env, Path(job.cwd))
+        with MetricWatch(*watching, child.stop) as watch:
+            code, reason = child.wait()
+    else:  # a probe in the app honours the flag; an app without one runs to its end (stop.py)
+        with (
+            threads.limited(chosen.count),
+            stop.listening(),
+            MetricWatch(*watching, stop.request) as watch,
+        ):
             code, reason = _in_process(app.target, argv, env, Path(job.cwd))
-    return _read_back(app, tracking.uri, run_id, code, reason)
+    return _read_back(app, tracking.uri, run_id, code, reason, stopped=watch.fired)
 
 
-def _read_back(app: HydraApp, uri: str, run_id: str, code: int, reason: str) -> JobResult:
-    """How the app ended, from its exit and the metric it logged; recorded on its run."""
+def _read_back(
+    app: HydraApp, uri: str, run_id: str, code: int, reason: str, stopped: bool = False
+) -> JobResult:
+    """How the app ended, from its exit and the metric it logged; recorded on its run.
+    `stopped`: hyprun asked it to stop (early rejection): not an error, however it exited."""
     metric = app.declaration.metric
+    if stopped:
+        return _stopped(app, uri, run_id)
     if code > 0 and code != EXIT_INTERRUPTED:
         app_runs.finish_seed_run(uri, run_id, {"hyprun.outcome": "crashed"}, "FAILED")
         raise AppFailed(f"the app {app.target} failed (exit {code}){reason}")
@@ -398,6 +418,19 @@ def _read_back(app: HydraApp, uri: str, run_id: str, code: int, reason: str) -> 
     app_runs.finish_seed_run(uri, run_id, tags, ended)
     value = points[-1][1] if points else None
     return JobResult(run_id, status, steps, tokens, None, value)
+
+
+def _stopped(app: HydraApp, uri: str, run_id: str) -> JobResult:
+    """A seed hyprun stopped early, with how far it trained (app_runs.trained_to)."""
+    metric = app.declaration.metric
+    unit = metric.step
+    points = app_runs.history(uri, run_id, metric.name)
+    last = app_runs.trained_to(uri, run_id, metric.name, unit)
+    app_runs.finish_seed_run(
+        uri, run_id, {"hyprun.outcome": "stopped", f"hyprun.{unit}": last}, "FINISHED"
+    )
+    steps, tokens = (last, 0) if unit == "steps" else (0, last)
+    return JobResult(run_id, "stopped", steps, tokens, None, points[-1][1] if points else None)
 
 
 def _importable(cwd: Path) -> None:
@@ -430,26 +463,36 @@ def _in_process(target: str, argv: list[str], env: dict[str, str], cwd: Path) ->
     return code, reason
 
 
-def _subprocess(target: str, argv: list[str], env: dict[str, str], cwd: Path) -> tuple[int, str]:
-    """Run the app's decorated main in its own Python process."""
-    module, _, function = target.partition(":")
-    code = (
-        "import sys; from importlib import import_module; "
-        f"sys.argv = [{module!r}, *sys.argv[1:]]; "
-        f"import_module({module!r}).{function}()"
-    )
-    path = os.pathsep.join(p for p in (str(cwd), os.environ.get("PYTHONPATH", "")) if p)
-    done = subprocess.run(
-        [sys.executable, "-c", code, *argv],
-        cwd=cwd,
-        env={**os.environ, **env, "PYTHONPATH": path},
-        stderr=subprocess.PIPE,
-        text=True,
-        check=False,
-    )
-    sys.stderr.write(done.stderr)
-    lines = [line for line in done.stderr.splitlines() if line.strip()]
-    return done.returncode, f": {lines[-1][:300]}" if lines else ""
+class _Child:
+    """The app's decorated main in its own Python process, which handles hyprun's stop request
+    (runner/job/stop.py) from its first line."""
+
+    def __init__(self, target: str, argv: list[str], env: dict[str, str], cwd: Path):
+        module, _, function = target.partition(":")
+        code = (
+            "import sys; from importlib import import_module; "
+            "from hyprun.runner.job import stop; stop.listen(); "
+            f"sys.argv = [{module!r}, *sys.argv[1:]]; "
+            f"import_module({module!r}).{function}()"
+        )
+        path = os.pathsep.join(p for p in (str(cwd), os.environ.get("PYTHONPATH", "")) if p)
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", code, *argv],
+            cwd=cwd,
+            env={**os.environ, **env, "PYTHONPATH": path},
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+
+    def stop(self) -> None:
+        self.process.send_signal(stop.SIGNAL)
+
+    def wait(self) -> tuple[int, str]:
+        """(exit code, its last stderr line) once the app has ended."""
+        _, stderr = self.process.communicate()
+        sys.stderr.write(stderr)
+        lines = [line for line in stderr.splitlines() if line.strip()]
+        return self.process.returncode, f": {lines[-1][:300]}" if lines else ""
 
 
 @contextmanager

@@ -138,6 +138,11 @@ def _strings(tree: Any, prefix: str = ""):
         yield prefix[:-1], tree
 
 
+def watched_metric(config: DictConfig) -> str:
+    """The metric a job reports as it trains: an app's declared one, else our `eval/loss`."""
+    return config.app.record.declaration.metric.name if is_app(config) else "eval/loss"
+
+
 def budget_of(config: DictConfig) -> int:
     """A job's budget, in the steps its primary metric is logged at (tokens for our job)."""
     return int(config.app.budget) if is_app(config) else int(config.budget.tokens)
@@ -161,7 +166,7 @@ class InProcess:
                 continue
             if is_app(job.config):  # a user's app: its failure is this job's, not the batch's
                 try:
-                    result = run_app(job.config)
+                    result = run_app(job.config, on_eval=job.on_eval)
                 except AppFailed as error:
                     outcomes.append(Failed(str(error)))
                     stopped.add(job.group)  # its other seeds would fail alike
@@ -283,7 +288,7 @@ class Slurm:
         if r.run_id is None:
             r.run_id = runs.seed_run(r.job.config.tracking.parent_run_id, r.job.seed)
         if r.run_id is not None and r.job.on_eval is not None and not r.cancelled:
-            history = runs.history(r.run_id, "eval/loss")
+            history = runs.history(r.run_id, watched_metric(r.job.config))
             for tokens, value in history[r.seen :]:
                 if r.job.on_eval(tokens, value):
                     self._cancel([o for o in running if o.job.group == r.job.group])

@@ -72,6 +72,18 @@ def last_per_step(metrics) -> list[tuple[int, float]]:
     return sorted(latest.items())
 
 
+def trained_to(uri: str, run_id: str, metric: str, unit: str) -> int:
+    """How far a run's app trained, in `unit`: the furthest step of `metric`, or of the probe's
+    `train/loss` (logged every step) when the probe counts in the same unit."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    keys = [metric]
+    if client.get_run(run_id).data.tags.get("hyprun.step_unit") == unit:
+        keys.append("train/loss")
+    return max((m.step for key in keys for m in client.get_metric_history(run_id, key)), default=0)
+
+
 def logged_metrics(uri: str, run_id: str) -> list[str]:
     """The metric keys a run holds, to name them when the declared one is missing."""
     from mlflow.tracking import MlflowClient

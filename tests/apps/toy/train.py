@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import random
+import time
 
 import hydra
 import mlflow
@@ -25,6 +26,7 @@ def main(cfg: DictConfig) -> None:
         raise RuntimeError("out of memory in block 3")
     with mlflow.start_run():
         for step in range(cfg.eval_every, cfg.max_steps + 1, cfg.eval_every):
+            time.sleep(cfg.pace * cfg.eval_every)  # "training" between evaluations
             value = loss_at(step, cfg.opt.lr, rng.gauss(0.0, 0.005))
             mlflow.log_metric(cfg.metric_name, value, step=step)
 
