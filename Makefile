@@ -7,8 +7,9 @@ BIN    := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 
 # The Slurm tests need a cluster: slurm/local/up.sh installs and starts a single-node one (root,
-# Debian, no systemd needed). `make test SLURM=` skips starting it, and those tests skip too.
-SLURM ?= slurm/local/up.sh
+# Debian, no systemd needed); up_two_nodes.sh starts it and beside it two nodes in network
+# namespaces (the multi-node tests). `make test SLURM=` skips starting them; those tests skip too.
+SLURM ?= slurm/local/up_two_nodes.sh
 # The browser tests need Debian's chromium and chromedriver; `make test BROWSER=` skips them.
 BROWSER ?= tests/e2e/install_chromium.sh
 # pytest-xdist workers, e.g. `make test PARALLEL="-n auto --dist loadgroup"` on a machine with
