@@ -577,6 +577,56 @@ that reads the feature could not be judged."""
 _NEEDED_BY = {feature: evidence for evidence, names in NEEDS.items() for feature in names.split()}
 
 
+SCAN_TAG = "hyprun.step_scan"
+"""Tag of a probe-recorded run: whether the step scan ran ("on", or "off: <why>")."""
+BLOCKS_TAG = "hyprun.blocks"
+"""Tag of a probe-recorded run: where its residual blocks were found ("none found")."""
+APP_CANNOT = {
+    "attn/entropy/blocks.<i> (the built-in GPT's attention capture)": (
+        "the model exposes no attention probabilities to hooks (fused attention returns none; "
+        "only the built-in GPT recomputes them for a few heads)"
+    ),
+    "moe/imbalance/blocks.<i> (an MoE model)": (
+        "no MoE layer that keeps its routing (the built-in GPT's mlp.last_load); a dense model "
+        "has none to judge"
+    ),
+    "moe/aux_loss (an MoE model)": "no MoE layer that keeps its auxiliary loss",
+    "perf/comm_frac (ds.wall_clock_breakdown)": (
+        "the all-reduce share is read from the built-in job's DeepSpeed timers"
+    ),
+    "config model.placement": "not the built-in GPT: no model.placement knob to read",
+    "train/loss and config model.vocab_size (or data.vocab_size)": (
+        "the app's config names no model.vocab_size or data.vocab_size"
+    ),
+}
+"""Why a run recorded by the probe in someone else's loop lacks evidence the job records."""
+
+
+def why_unmeasured(tags: dict[str, str], needs: list[str]) -> dict[str, str]:
+    """{evidence: why this run lacks it} for a run the probe recorded (`hyprun.source` probe);
+    {} for the job's runs, whose gaps are settings (probes off), not limits."""
+    if tags.get("hyprun.source") != "probe":
+        return {}
+    scan = tags.get(SCAN_TAG, "on")
+    scan_why = (
+        f"step scan {scan}"
+        if scan.startswith("off")
+        else "too few probes near the peak LR for a level: probe more often (every_steps) "
+        "or train longer"
+    )
+    out = {}
+    for need in needs:
+        if need.startswith("step/loss_x"):
+            out[need] = scan_why
+        elif need.startswith("act/") and tags.get(BLOCKS_TAG) == "none found":
+            out[need] = "no residual blocks found in the model (Probe(..., blocks=))"
+        elif need.startswith("L0 check"):
+            out[need] = "needs the job's config and data; the optimizer's were read live"
+        elif need in APP_CANNOT:
+            out[need] = APP_CANNOT[need]
+    return out
+
+
 def evidence_for(feature: str) -> str:
     """What a run must record for `feature` to be measured."""
     if feature.startswith("static."):

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
@@ -19,6 +20,44 @@ from torch import nn
 STEP_MULTIPLES = (0.0, 1.0, 2.0, 4.0, 8.0)
 """Multiples of a probed step at which the step scan reads the held-out loss (0: the weights
 before the step, 1: the step taken); metrics `step/loss_x<multiple>`."""
+
+
+class ProbeSchedule:
+    """Which steps are probed: the first and every `every_steps` after it, while the probes'
+    own time stays under `max_overhead` of the run's time so far.
+
+    A probed step costs several plain ones (the step scan alone is five held-out forwards), so
+    a fixed interval costs a fixed share however long the run: 16 steps cost ~10% on the tiny
+    CPU job. The first `free_probes` probes are always taken, so a short run's evidence (what
+    the tables were set on) does not depend on the machine's speed; after them a due probe
+    waits while the probes' seconds exceed the share, and a week-long run pays ~max_overhead.
+    The probes' time is what the caller reports through `spent`."""
+
+    def __init__(self, every_steps: int, max_overhead: float = 0.0, free_probes: int = 0):
+        self.every_steps, self.max_overhead, self.free_probes = (
+            every_steps,
+            max_overhead,
+            free_probes,
+        )
+        self.taken, self.seconds = 0, 0.0
+        self._start: float | None = None
+
+    def due(self, step: int) -> bool:
+        """Whether to probe `step` (call once per step, before it runs)."""
+        if self._start is None:
+            self._start = time.perf_counter()
+        if not self.every_steps or step % self.every_steps:
+            return False
+        elapsed = time.perf_counter() - self._start
+        capped = self.max_overhead > 0 and self.taken >= self.free_probes
+        if capped and self.seconds > self.max_overhead * elapsed:
+            return False
+        self.taken += 1
+        return True
+
+    def spent(self, seconds: float) -> None:
+        """Seconds of probe work (measuring, the step scan) done on a probed step."""
+        self.seconds += seconds
 
 
 def group_of(name: str, depth_of_blocks: int = 2) -> str:
@@ -179,6 +218,49 @@ def moe_stats(model: nn.Module) -> dict[str, float]:
     if aux:
         found["moe/aux_loss"] = sum(aux) / len(aux)
     return found
+
+
+class StepScan:
+    """The held-out loss with a step just taken scaled by each of STEP_MULTIPLES (0: the
+    weights before it, 1: the step taken). Where the loss bottoms out along the step's own
+    direction says whether longer steps would have paid: a best multiple far above 1 is a step
+    far shorter than the loss surface allows.
+
+    The weights move in place to `taken + (multiple - 1) * delta` and are put back bit for bit
+    from a buffer allocated once and reused by every scan (a week-long run does not allocate a
+    copy of the model per probe); the forwards run in eval mode (no dropout draws) without
+    autograd, so training is unchanged."""
+
+    def __init__(self, multiples: tuple[float, ...] = STEP_MULTIPLES):
+        self.multiples = multiples
+        self._taken: list[torch.Tensor] = []
+
+    @torch.no_grad()
+    def __call__(
+        self,
+        model: nn.Module,
+        params: list[torch.Tensor],
+        delta: list[torch.Tensor],
+        heldout_loss: Callable[[], Any],
+    ) -> dict[str, float]:
+        """{`step/loss_x<multiple>`: loss}. `params`: the live weights (`.data`); `delta`: the
+        step just taken, fp32, same shapes; `heldout_loss()`: one forward on the held-out batch."""
+        if [t.shape for t in self._taken] != [p.shape for p in params]:
+            self._taken = [torch.empty_like(p) for p in params]
+        torch._foreach_copy_(self._taken, params)
+        training = model.training
+        model.eval()
+        losses: dict[str, float] = {}
+        try:
+            for multiple in self.multiples:
+                torch._foreach_copy_(params, self._taken)
+                if multiple != 1.0:
+                    torch._foreach_add_(params, delta, alpha=multiple - 1.0)
+                losses[f"step/loss_x{multiple:g}"] = float(heldout_loss())
+        finally:
+            torch._foreach_copy_(params, self._taken)
+            model.train(training)
+        return losses
 
 
 def first_nonfinite_module(model: nn.Module, forward) -> str | None:

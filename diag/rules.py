@@ -82,7 +82,7 @@ class LrPlausible(Rule):
 
 
 class Warmup(Rule):
-    outcomes = ("pass", "missing", "short", "not_adam")
+    outcomes = ("pass", "missing", "short", "not_adam", "flat_start")
     min_steps: int
     """A warmup shorter than this many optimizer steps is no warmup."""
 
@@ -106,7 +106,7 @@ class DecayNormsBiases(Rule):
 
 
 class GradClip(Rule):
-    outcomes = ("pass", "disabled")
+    outcomes = ("pass", "disabled", "not_seen")
 
 
 class Fp16LossScaling(Rule):
@@ -114,7 +114,7 @@ class Fp16LossScaling(Rule):
 
 
 class TokensPerStep(Rule):
-    outcomes = ("pass", "small", "unknown")
+    outcomes = ("pass", "small", "unknown", "no_budget")
     coefficient: float
     """B_opt = coefficient * C ** exponent (compute-optimal batch in tokens)."""
     exponent: float
@@ -181,6 +181,14 @@ class AllreduceTime(Rule):
     """Traffic relative to a plain all-reduce, by ZeRO stage."""
 
 
+class OptimizerCoverage(Rule):
+    outcomes = ("pass", "missing")
+
+
+class GradientReach(Rule):
+    outcomes = ("pass", "no_grad")
+
+
 class Checks(Strict):
     """One entry per L0 check, in the order `hyprun check` runs them."""
 
@@ -201,6 +209,8 @@ class Checks(Strict):
     near_duplicates: NearDuplicates
     heldout_overlap: HeldoutOverlap
     allreduce_time: AllreduceTime
+    optimizer_coverage: OptimizerCoverage
+    gradient_reach: GradientReach
 
 
 class BytesPerParam(Strict):

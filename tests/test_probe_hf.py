@@ -131,8 +131,8 @@ def test_diagnose_judges_what_a_probe_recorded_and_names_what_it_did_not(
     train(workdir, tiny_gpt2(), [HyprunTrainerCallback(every_steps=2)])
     assert exit_code(["diagnose", "--run", run_id, "--uri", uri]) == 0
     out = " ".join(capsys.readouterr().out.split())
-    assert "no L0 checks: the run has no hyprun job config" in out
-    assert "Not judged: evidence this run lacks" in out and "eval/loss and train/loss" in out
+    assert "L0 checks of the optimizer and model as the probe read them" in out
+    assert "Not judged: evidence this run lacks" in out
 
     assert exit_code(["diagnose", "--run", run_id, "--uri", uri, "--json"]) == 0
     document = json.loads(capsys.readouterr().out)
@@ -150,6 +150,14 @@ def test_diagnose_judges_what_a_probe_recorded_and_names_what_it_did_not(
         }, row
     assert "eval/loss and train/loss" in document["missing_evidence"]
     assert not any(need.startswith("grad/norm ") for need in document["missing_evidence"])
+    # L0 from the live optimizer: the Trainer's AdamW, its LR and clipping, read at step 0.
+    static = {c["id"]: c for c in document["static"]}
+    assert static["lr_plausible"]["value"] == pytest.approx(3e-3)
+    assert static["grad_clip"]["value"] == 0.5 and static["optimizer_coverage"]["value"] == 0
+    why = document["why_unmeasured"]
+    scan = next(k for k in why if k.startswith("step/loss_x"))  # no eval set: no scan batch
+    assert why[scan].startswith("step scan off: no held-out batch"), why
+    assert "no attention probabilities" in why[next(k for k in why if k.startswith("attn/"))]
 
 
 def test_trainer_callback_names_the_module_of_a_planted_nan(workdir, monkeypatch):

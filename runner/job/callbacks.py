@@ -18,10 +18,14 @@ imported (a module `__getattr__`), so importing this module costs nothing.
 
 from __future__ import annotations
 
+import inspect
 import re
+from collections.abc import Callable, Mapping
 from functools import cache
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from hyprun.runner.job.probe import Probe
 
@@ -47,10 +51,20 @@ def _trainer_callback() -> type:
             self.max_grad_norm = 0.0
 
         def on_train_begin(self, args, state, control, model=None, **kwargs):
-            if args.max_grad_norm and args.max_grad_norm > 0 and not args.deepspeed:
-                self.max_grad_norm, args.max_grad_norm = float(args.max_grad_norm), 0.0
+            clip = float(args.max_grad_norm or 0.0)
+            if clip > 0 and not args.deepspeed:
+                self.max_grad_norm, args.max_grad_norm = clip, 0.0
             optimizer = kwargs.get("optimizer")  # read for the LR; stepped by the Trainer
-            self.probe = Probe(model, optimizer, hook_optimizer=False, **self.options)
+            options = {"grad_clip": clip, **self.options}
+            trainer = _calling_trainer()
+            if "heldout" not in options and trainer is not None and trainer.eval_dataset:
+                rows = args.per_device_train_batch_size
+
+                def heldout():  # built at the first probe, as the Trainer builds it for eval
+                    return first_rows(next(iter(trainer.get_eval_dataloader())), rows)
+
+                options["heldout"] = heldout
+            self.probe = Probe(model, optimizer, hook_optimizer=False, **options)
 
         def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
             self.probe.after_backward()
@@ -96,7 +110,11 @@ def _lightning_callback() -> type:
             optimizer = trainer.optimizers[0] if trainer.optimizers else None
             # Lightning hands the batch and the loss to callbacks, and steps the optimizer
             # itself: the probe does not hook the forward or the optimizer here.
-            self.probe = Probe(pl_module, None, watch_forward=False, **self.options)
+            options = {"grad_clip": float(trainer.gradient_clip_val or 0.0), **self.options}
+            if "heldout" not in options:
+                options["heldout"] = _val_batch(trainer)
+                options.setdefault("loss_fn", _training_step_loss)
+            self.probe = Probe(pl_module, None, watch_forward=False, **options)
             self.probe.optimizer = optimizer
             self.steps_seen = trainer.global_step
 
@@ -139,6 +157,65 @@ def _lightning_callback() -> type:
                 self.probe.close()
 
     return _by_reference(HyprunLightningCallback)
+
+
+def first_rows(batch: Any, rows: int) -> Any:
+    """The first `rows` rows of every tensor in a batch: the step scan reads as many held-out
+    sequences as one training micro-batch holds, so it costs five forwards of one."""
+    if torch.is_tensor(batch):
+        return batch[:rows] if batch.dim() else batch
+    if isinstance(batch, Mapping):
+        return {k: first_rows(v, rows) for k, v in batch.items()}
+    if isinstance(batch, tuple | list):
+        return type(batch)(first_rows(v, rows) for v in batch)
+    return batch
+
+
+def _calling_trainer():
+    """The `transformers.Trainer` running this callback: the callback API hands callbacks no
+    Trainer, and `on_train_begin` runs inside its training loop, so it is on the call stack.
+    The eval set is there before the first evaluation builds `eval_dataloader`."""
+    from transformers import Trainer
+
+    frame = inspect.currentframe()
+    while frame is not None:
+        found = frame.f_locals.get("self")
+        if isinstance(found, Trainer):
+            return found
+        frame = frame.f_back
+    return None
+
+
+def _val_batch(trainer) -> Callable[[], Any]:
+    """The step scan's batch, fetched at the first probe (Lightning sets up its validation
+    loader after `on_fit_start`): the first batch of `trainer.val_dataloaders`, cut to one
+    training micro-batch's rows, on the module's device."""
+
+    def heldout():
+        loaders = trainer.val_dataloaders
+        if not loaders:
+            raise ValueError("the module validates on no dataloader (pass heldout=)")
+        loader = loaders[0] if isinstance(loaders, list | tuple) else loaders
+        batch = next(iter(loader))
+        rows = getattr(trainer.train_dataloader, "batch_size", None)
+        return trainer.strategy.batch_to_device(first_rows(batch, rows) if rows else batch)
+
+    return heldout
+
+
+def _training_step_loss(module, batch) -> Any:
+    """The module's own loss on a held-out batch: its `training_step`, with `self.log` silenced
+    (it would record the scan's losses as training metrics). The probe calls it in eval mode
+    without autograd; a `training_step` that returns a dict gives its `"loss"`."""
+    module.log = _no_log  # an instance attribute shadows LightningModule.log for this call
+    try:
+        return module.training_step(batch, 0)
+    finally:
+        del module.log
+
+
+def _no_log(*args: Any, **kwargs: Any) -> None:
+    return None
 
 
 def last_complete_checkpoint(output_dir: str | Path) -> str | None:

@@ -56,10 +56,15 @@ class Instruments:
         self.initial = self._params_on_cpu() if cfg.every_steps and cfg.parameters else None
         self.initial_norm = probes.grouped_norms(self.initial.items())[0] if self.initial else 0.0
         self._before: dict[str, torch.Tensor] = {}
+        self.scan = probes.StepScan()
+        self.schedule = probes.ProbeSchedule(
+            cfg.every_steps, cfg.get("max_overhead", 0.0), cfg.get("free_probes", 0)
+        )
 
     def probing(self, step: int) -> bool:
-        """Probe the first step and every `every_steps` after it."""
-        return bool(self.cfg.every_steps) and step % self.cfg.every_steps == 0
+        """Probe the first step and every `every_steps` after it, within the overhead cap
+        (hyprun.diag.probes.ProbeSchedule); call once per step."""
+        return self.schedule.due(step)
 
     @contextmanager
     def forward(self, active: bool):
@@ -82,6 +87,7 @@ class Instruments:
     def gradients(self) -> dict[str, float]:
         """After the last backward of a step, before clipping: gradient norms and NaN/Inf.
         Also remembers the parameters, for the update ratio after the step."""
+        start = time.perf_counter()
         metrics: dict[str, float] = {}
         if self.cfg.gradients:
             grads = [(n, g) for n, p in self.named if (g := full_grad(p)) is not None]
@@ -93,6 +99,7 @@ class Instruments:
                 metrics["anomaly/grad_spike"] = float(self.grad_spikes.update(total))
         if self.cfg.parameters:
             self._before = {n: full_param(p).detach().float().clone() for n, p in self.named}
+        self.schedule.spent(time.perf_counter() - start)
         return metrics
 
     def parameters(self, scan: tuple[torch.Tensor, torch.Tensor] | None = None) -> dict[str, float]:
@@ -100,6 +107,7 @@ class Instruments:
         step scan on the held-out batch `scan` when one is given."""
         if not self.cfg.parameters or not self._before:
             return {}
+        start = time.perf_counter()
         names = [n for n, _ in self.named]
         now = [full_param(p).detach().float() for _, p in self.named]
         device = now[0].device
@@ -121,34 +129,18 @@ class Instruments:
         if scan is not None and self.cfg.step_scan:
             metrics.update(self.step_scan(delta, scan))
         self._before = {}
+        self.schedule.spent(time.perf_counter() - start)
         return metrics
 
-    @torch.no_grad()
     def step_scan(
         self, delta: list[torch.Tensor], batch: tuple[torch.Tensor, torch.Tensor]
     ) -> dict[str, float]:
-        """The held-out loss with the step just taken scaled by each of probes.STEP_MULTIPLES
-        (0: the weights before it, 1: the step taken). Where the loss bottoms out along the
-        step's own direction says whether longer steps would have paid: a best multiple far
-        above 1 is a step far shorter than the loss surface allows. The weights are put back
-        exactly and the forward runs in eval mode (no dropout draws): training is unchanged."""
+        """The held-out loss along the step just taken (hyprun.diag.probes.StepScan)."""
         params = [p for _, p in self.named]
         if any(hasattr(p, "ds_tensor") for p in params):
             return {}  # ZeRO-3 holds a shard per rank: no full weights to move
-        taken = [p.data.clone() for p in params]
-        training = self.model.training
-        self.model.eval()
-        losses: dict[str, float] = {}
-        try:
-            for multiple in probes.STEP_MULTIPLES:
-                for param, now, step in zip(params, taken, delta, strict=True):
-                    param.data.copy_(now.float() + (multiple - 1.0) * step.to(now.device))
-                losses[f"step/loss_x{multiple:g}"] = float(self.model(*batch))
-        finally:
-            for param, now in zip(params, taken, strict=True):
-                param.data.copy_(now)
-            self.model.train(training)
-        return losses
+        data = [p.data for p in params]
+        return self.scan(self.model, data, delta, lambda: self.model(*batch))
 
     def loss(self, value: float) -> dict[str, float]:
         """Per logged loss: spike flags (6 sigma over the last 128, or 10x the moving average)."""

@@ -29,10 +29,13 @@ own logging) see it counted as waiting.
 from __future__ import annotations
 
 import atexit
+import json
 import math
 import time
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Mapping
 from contextlib import ExitStack
+from dataclasses import asdict
 from typing import Any
 
 import torch
@@ -41,10 +44,13 @@ from torch import nn
 from hyprun.diag import probes
 from hyprun.diag.efficiency import mfu, transformer_flops_per_token
 from hyprun.diag.evidence import NAN_MODULE_TAG, OUTCOME_TAG
+from hyprun.diag.features import SCAN_TAG
+from hyprun.diag.live_checks import L0_TAG, LiveFacts, live_checks
 from hyprun.diag.spikes import SpikeDetector
 from hyprun.runner.job import stop
 
 STEP_UNITS = ("tokens", "steps")
+NO_HELDOUT = "no held-out batch was given (Probe(..., heldout=batch))"
 
 
 class Probe:
@@ -63,7 +69,23 @@ class Probe:
     watch_forward, hook_optimizer: whether the probe hooks the model's forward (tokens, loss,
         data wait) and the optimizer's step (`after_step`); trainer callbacks turn them off and
         report those events themselves.
+    max_overhead, free_probes: after the first `free_probes` probes, a due probe is taken only
+        while the probes' own time is under `max_overhead` of the run's (0: no cap); see
+        hyprun.diag.probes.ProbeSchedule. A week-long run pays ~2% at the default interval.
+    heldout: the step scan's fixed held-out batch, or a callable returning it (called once, at
+        the first probed step): on probed steps the held-out loss is read with the step just
+        taken scaled 0/1/2/4/8x (`step/loss_x<multiple>`, as the job). None: no step scan.
+    loss_fn: `loss_fn(model, batch)` -> the loss of a batch; default: the model's own output
+        (`model(**batch).loss` for a dict batch, Hugging Face style; `model(*batch)` for a
+        tuple; a scalar tensor, `.loss` or `["loss"]` of what it returns).
+    grad_clip: the clipping threshold the loop applies (0: none), for the L0 clipping check;
+        None: judged from what the first step shows (trainer callbacks pass their trainer's).
     tracker: where to log (default: hyprun.runner.store.tracking.open_app_run, on rank 0 only).
+
+    At its first two optimizer steps the probe also reads what the optimizer and model say
+    (LR and schedule, weight decay, clipping, parameters missing from the optimizer or
+    without a gradient) and records the L0 checks of hyprun.diag.live_checks on the run (tag
+    `hyprun.l0_checks`), which `hyprun diagnose` reads as it reads the job's.
     """
 
     def __init__(
@@ -83,6 +105,12 @@ class Probe:
         activations: bool = True,
         spikes: bool = True,
         nan_check: bool = True,
+        step_scan: bool = True,
+        max_overhead: float = 0.02,
+        free_probes: int = 256,
+        heldout: Any = None,
+        loss_fn: Callable[[nn.Module, Any], Any] | None = None,
+        grad_clip: float | None = None,
         watch_forward: bool = True,
         hook_optimizer: bool = True,
         tracker=None,
@@ -105,6 +133,7 @@ class Probe:
             "activations": activations,
             "spikes": spikes,
             "nan_check": nan_check,
+            "step_scan": step_scan,
         }
         self.world, self.rank = _world()
         found = (None, blocks) if blocks is not None else probes.find_blocks(model)
@@ -152,6 +181,15 @@ class Probe:
             self._handles.append(model.register_forward_hook(self._after_forward))
         if hook_optimizer and isinstance(optimizer, torch.optim.Optimizer):
             self._handles.append(optimizer.register_step_post_hook(lambda *_: self.after_step()))
+        self._heldout, self._heldout_ready, self.loss_fn = heldout, False, loss_fn
+        self._scan = probes.StepScan()
+        self.scan_off: str | None = None if heldout is not None else NO_HELDOUT
+        """Why the step scan is off (None: on)."""
+        self.facts: LiveFacts | None = None
+        """What the optimizer and model said at the first steps (the L0 checks' input)."""
+        self._grad_clip = grad_clip
+        self.schedule = probes.ProbeSchedule(every_steps, max_overhead, free_probes)
+        self._decided_step, self._probing = -1, False
         self._closed = False
         self._stop_seen = False
         stop.honour(self)  # hyprun's stop request ends the loop at a step boundary (stop.py)
@@ -167,8 +205,11 @@ class Probe:
 
     @property
     def probing(self) -> bool:
-        """Whether the step in progress is probed (the first, then every `every_steps`)."""
-        return bool(self.every_steps) and self.steps % self.every_steps == 0
+        """Whether the step in progress is probed: the first, then every `every_steps`, within
+        the overhead cap (hyprun.diag.probes.ProbeSchedule), decided once per step."""
+        if self._decided_step != self.steps:
+            self._decided_step, self._probing = self.steps, self.schedule.due(self.steps)
+        return self._probing
 
     def batch_start(self, batch: Any = None, tokens: int | None = None) -> None:
         """A micro-batch is ready (for loops whose forward the probe does not see): marks the
@@ -189,10 +230,15 @@ class Probe:
         if self.switches["nan_check"] and unchecked and not _all_finite(unchecked):
             self._diverge()
             return
+        start = time.perf_counter()
         if self.probing and self.switches["gradients"]:
             self._probed.update(self._gradients())
+        if self.steps == 0:
+            self._first_backward()
         if self.probing and self.switches["parameters"] and not self._before:
             self._before = {n: _full_param(p).detach().float().clone() for n, p in self.named}
+        if self.probing:
+            self.schedule.spent(time.perf_counter() - start)
 
     def note_loss(self, loss: torch.Tensor | float) -> None:
         """A micro-batch's loss, for loops whose forward does not return it to the probe."""
@@ -207,8 +253,12 @@ class Probe:
             raise stop.StopRequested()
         self._stop_seen = stop.requested()
         now = time.perf_counter()
+        if self.steps < 2:
+            self._first_steps()
         metrics = dict(self._probed)
-        metrics.update(self._parameters())
+        if self._before:
+            metrics.update(self._parameters())
+            self.schedule.spent(time.perf_counter() - now)
         self._probed, self._before = {}, {}
         self.steps += 1
         self.tokens += self.tokens_per_step or self._step_tokens * self.world
@@ -237,6 +287,8 @@ class Probe:
         for handle in self._handles:
             handle.remove()
         self._close_activations()
+        if self.facts is not None and self.steps == 1:  # one step: judged without a second LR
+            self._log_checks()
         if self._tracker is not None:
             status = "FAILED" if self.diverged else "FINISHED"
             self._tracker.set_tags(
@@ -333,7 +385,88 @@ class Probe:
         if embedding is not None:
             weight = _full_param(embedding.weight).detach().float()
             metrics["param/embedding_rms"] = float(weight.pow(2).mean().sqrt())
+        if self.switches["step_scan"] and self.scan_off is None:
+            metrics.update(self._step_scan(delta))
         return metrics
+
+    def _step_scan(self, delta: list[torch.Tensor]) -> dict[str, float]:
+        """The held-out loss along the step just taken (hyprun.diag.probes.StepScan), as the
+        job reads it. A batch or loss the probe cannot use turns the scan off, with the reason
+        recorded: the probe never stops the user's training."""
+        params = [p for _, p in self.named]
+        if any(hasattr(p, "ds_tensor") for p in params):
+            return self._scan_stops("ZeRO-3 holds a shard of each weight per rank")
+        try:
+            batch = self._heldout_batch()
+            data = [p.data for p in params]
+            return self._scan(self.model, data, delta, lambda: self._loss(batch))
+        except Exception as error:  # whatever the user's forward raises on this batch
+            return self._scan_stops(f"the held-out forward failed: {type(error).__name__}: {error}")
+
+    def _scan_stops(self, reason: str) -> dict[str, float]:
+        self.scan_off = reason
+        warnings.warn(f"hyprun probe: step scan off: {reason}", RuntimeWarning, stacklevel=3)
+        if tracker := self._open():
+            tracker.set_tags({SCAN_TAG: f"off: {reason}"})
+        return {}
+
+    def _heldout_batch(self) -> Any:
+        """The fixed held-out batch on the model's device (a callable is called once)."""
+        if not self._heldout_ready:
+            found = self._heldout() if callable(self._heldout) else self._heldout
+            self._heldout, self._heldout_ready = _to_device(found, self._device()), True
+        return self._heldout
+
+    def _loss(self, batch: Any) -> torch.Tensor:
+        if self.loss_fn is not None:
+            loss = self.loss_fn(self.model, batch)
+        else:
+            loss = _loss_of(_forward(self.model, batch))
+        if loss is None:
+            raise ValueError("the model returned no scalar loss on it: pass loss_fn=")
+        return loss
+
+    # ------------------------------------------------------------ L0 from the live run
+
+    def _first_backward(self) -> None:
+        """After the first backward: which trainable parameters got no gradient, and the
+        gradient norm before any clipping."""
+        if self.facts is not None:
+            return
+        self.facts = LiveFacts()
+        self.facts.no_grad = [n for n, p in self.named if _full_grad(p) is None]
+        self.facts.first_grad_norm = self._grad_norm()
+
+    def _first_steps(self) -> None:
+        """At the first optimizer step: the optimizer's settings and whether the gradient was
+        clipped; at the second: whether the LR rose (a warmup); then the checks are logged."""
+        if self.facts is None:
+            return
+        if self.steps == 1:
+            groups = getattr(self.optimizer, "param_groups", None) or []
+            self.facts.second_lr = float(groups[0]["lr"]) if groups else None
+            self._log_checks()
+            return
+        read_optimizer(self.facts, self.optimizer, self.named)
+        read_model(self.facts, self.model)
+        self.facts.grad_clip = self._grad_clip
+        self.facts.tokens_per_step = self.tokens_per_step or self._step_tokens * self.world
+        if any(_uses_deepspeed(p) for _, p in self.named):
+            return  # the engine clips inside its step, and frees the gradient after it
+        before, now = self.facts.first_grad_norm, self._grad_norm()
+        if before is not None and now is not None and now < before * (1 - 1e-4):
+            self.facts.clipped_to = now
+
+    def _grad_norm(self) -> float | None:
+        grads = [(n, g) for n, p in self.named if (g := _full_grad(p)) is not None]
+        return probes.grouped_norms(grads)[0] if grads else None
+
+    def _log_checks(self) -> None:
+        if self.facts is None or not self.facts.optimizer:
+            return  # no optimizer the probe can read: no L0 check
+        checks = [asdict(c) for c in live_checks(self.facts)]
+        if tracker := self._open():
+            tracker.set_tags({L0_TAG: json.dumps(checks, default=str)})
 
     def _window(self, now: float) -> dict[str, float]:
         """Loss and throughput over the steps since the last log, as the job logs them."""
@@ -438,7 +571,13 @@ class Probe:
             "hyprun.world_size": str(self.world),
             "hyprun.device": self._device().type,
             "hyprun.blocks": self.blocks_path or "none found",
+            SCAN_TAG: self._scan_state(),
         }
+
+    def _scan_state(self) -> str:
+        if not self.switches["step_scan"]:
+            return "off: step_scan=False"
+        return "on" if self.scan_off is None else f"off: {self.scan_off}"
 
     def _log(self, metrics: dict[str, float]) -> None:
         tracker = self._open()
@@ -595,3 +734,56 @@ def _hf_config(model: nn.Module) -> tuple[int, int, int, int] | None:
 def _precision(model: nn.Module) -> str:
     dtype = next(model.parameters()).dtype
     return {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, "fp32")
+
+
+def _forward(model: nn.Module, batch: Any) -> Any:
+    """The model on a batch as its loop would call it: keywords for a mapping (Hugging Face),
+    positions for a tuple or list, the batch itself otherwise."""
+    if isinstance(batch, Mapping):
+        return model(**batch)
+    if isinstance(batch, tuple | list):
+        return model(*batch)
+    return model(batch)
+
+
+def _to_device(batch: Any, device: torch.device) -> Any:
+    if torch.is_tensor(batch):
+        return batch.to(device)
+    if isinstance(batch, Mapping):
+        return {k: _to_device(v, device) for k, v in batch.items()}
+    if isinstance(batch, tuple | list):
+        return type(batch)(_to_device(v, device) for v in batch)
+    return batch
+
+
+def read_optimizer(facts: LiveFacts, optimizer: Any, named: list[tuple[str, nn.Parameter]]) -> None:
+    """The optimizer's class, peak and current LR, weight decay, betas; the 1-D parameters it
+    decays and the trainable ones it does not hold (a torch optimizer's groups only: a
+    DeepSpeed engine's hold flattened copies)."""
+    groups = getattr(optimizer, "param_groups", None) or []
+    if not groups:
+        return
+    first = groups[0]
+    facts.optimizer = type(optimizer).__name__
+    facts.first_lr = float(first["lr"])
+    facts.peak_lr = float(first.get("max_lr") or first.get("initial_lr") or first["lr"])
+    facts.weight_decay = max(float(g.get("weight_decay", 0.0) or 0.0) for g in groups)
+    betas = first.get("betas")
+    facts.betas = (float(betas[0]), float(betas[1])) if betas is not None else None
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        return
+    held = {id(p) for g in groups for p in g["params"]}
+    decayed = {id(p) for g in groups if g.get("weight_decay", 0.0) for p in g["params"]}
+    facts.missing_from_optimizer = [n for n, p in named if id(p) not in held]
+    facts.decayed_norms_biases = [n for n, p in named if p.dim() <= 1 and id(p) in decayed]
+
+
+def read_model(facts: LiveFacts, model: nn.Module) -> None:
+    """Width and heads for the LR band: a Hugging Face config's, else the token embedding's."""
+    config = _hf_config(model)
+    if config is not None:
+        facts.heads, facts.width = config[1], config[2]
+        return
+    embedding = _input_embedding(model)
+    if embedding is not None and embedding.weight.dim() == 2:
+        facts.width = int(embedding.weight.shape[1])

@@ -1,0 +1,158 @@
+"""L0 checks of a run hyprun did not configure: what the live optimizer and model say.
+
+An app's config is its own (HF `TrainingArguments`, a Lightning module's hyperparameters): no
+key of ours names its LR or its clipping. What the optimizer holds at the first steps does. The
+probe (runner/job/probe.py) gathers those facts; this module judges them with the very rules,
+bands and texts of the job's L0 checks (diag/static.py, tables/static.yaml): the facts are put
+in the shape of a job config and the same check functions read it, so an LR band or a
+weight-decay range means the same for an app as for the built-in job. Two checks only a live
+run can make have rows of their own: trainable parameters missing from the optimizer, and
+trainable parameters the first backward gave no gradient.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hyprun.diag.rules import static_table
+from hyprun.diag.static import (
+    Check,
+    DataSample,
+    check_betas,
+    check_decay_norms,
+    check_grad_clip,
+    check_lr,
+    check_weight_decay,
+)
+
+L0_TAG = "hyprun.l0_checks"
+"""Tag of a probe-recorded run: these checks' results, a JSON list of Check fields."""
+NAMES_SHOWN = 3
+"""Parameter names quoted in a check's one line; the rest are counted."""
+
+
+@dataclass
+class LiveFacts:
+    """What a training loop's optimizer and model said at its first two optimizer steps."""
+
+    optimizer: str = ""
+    """The optimizer's class name (`AdamW`), matched against the table's families."""
+    peak_lr: float = 0.0
+    """The LR the schedule leads to: a group's `max_lr` (OneCycle) or `initial_lr` (any torch
+    scheduler), else the LR applied at the first step."""
+    first_lr: float = 0.0
+    """The LR applied at the first optimizer step."""
+    second_lr: float | None = None
+    """The LR applied at the second step (None: the run took one step)."""
+    weight_decay: float = 0.0
+    """The largest weight decay of the optimizer's groups."""
+    betas: tuple[float, float] | None = None
+    """Adam's betas of the first group, if it has them."""
+    decayed_norms_biases: list[str] = field(default_factory=list)
+    """1-D parameters (norm gains, biases) in a group with weight decay > 0."""
+    grad_clip: float | None = None
+    """The clipping threshold the loop applies, when told (a Trainer's `max_grad_norm`, a
+    Lightning `gradient_clip_val`; 0: none); None: judged from what was observed."""
+    clipped_to: float | None = None
+    """The gradient norm when the optimizer stepped, if below the norm after the backward
+    (clipping seen at work); None: the gradient was left as it was."""
+    first_grad_norm: float | None = None
+    """The global gradient norm after the first backward, before any clipping."""
+    missing_from_optimizer: list[str] = field(default_factory=list)
+    """Trainable parameters in no optimizer group."""
+    no_grad: list[str] = field(default_factory=list)
+    """Trainable parameters whose `.grad` was None after the first backward."""
+    tokens_per_step: int = 0
+    """Tokens of one optimizer step over all processes."""
+    width: int | None = None
+    """The model's width (hidden size) for the LR band; None: the band's reference width."""
+    heads: int | None = None
+    """Attention heads, when the model says (the betas advice is for transformers)."""
+
+
+def as_job_config(facts: LiveFacts) -> dict:
+    """The facts in the shape of the built-in job's config, as the L0 checks read it."""
+    model: dict = {}
+    if facts.width:
+        model["d_model"] = facts.width
+    if facts.heads:
+        model["n_head"] = facts.heads
+    optim = {
+        "_target_": facts.optimizer,
+        "lr": facts.peak_lr,
+        "weight_decay": facts.weight_decay,
+        "decay_norms_and_biases": bool(facts.decayed_norms_biases),
+    }
+    if facts.betas is not None:
+        optim["betas"] = list(facts.betas)
+    return {"optim": optim, "model": model, "ds": {"grad_clip": facts.grad_clip or 0.0}}
+
+
+def live_checks(facts: LiveFacts) -> list[Check]:
+    """The L0 checks a live optimizer and model can answer, in the job's order."""
+    rules = {k: {**v, "id": k} for k, v in static_table()["checks"].items()}
+    config, sample = as_job_config(facts), DataSample([], [], [])
+    checks = [
+        check_lr(config, sample, None, rules["lr_plausible"]),
+        _warmup(facts, rules["warmup"]),
+        check_betas(config, sample, None, rules["adam_betas"]),
+        check_weight_decay(config, sample, None, rules["weight_decay"]),
+        _decay_norms(facts, config, sample, rules["decay_norms_biases"]),
+        _grad_clip(facts, config, sample, rules["grad_clip"]),
+        _tokens_per_step(facts, rules["tokens_per_step"]),
+        _named_list(rules["optimizer_coverage"], facts.missing_from_optimizer, "missing", "fail"),
+        _named_list(rules["gradient_reach"], facts.no_grad, "no_grad", "warn"),
+    ]
+    return checks
+
+
+def _check(rule: dict, status: str, case: str, value, threshold: str, **fields) -> Check:
+    return Check(
+        rule["id"], status, value, threshold, rule["why"][case].format(**fields), rule["question"]
+    )
+
+
+def _warmup(facts: LiveFacts, rule: dict) -> Check:
+    """A warmup shows in the LR itself: below the peak at the first step, or rising after it."""
+    threshold = "LR at step 0 below the peak, or rising at step 1 (Adam)"
+    if facts.optimizer not in static_table()["optimizer_families"]["adam"]:
+        return _check(rule, "skip", "not_adam", facts.first_lr, threshold)
+    rising = facts.second_lr is not None and facts.second_lr > facts.first_lr
+    if facts.first_lr < facts.peak_lr or rising:
+        return _check(rule, "pass", "pass", facts.first_lr, threshold)
+    return _check(rule, "warn", "flat_start", facts.first_lr, threshold)
+
+
+def _decay_norms(facts: LiveFacts, config: dict, sample: DataSample, rule: dict) -> Check:
+    check = check_decay_norms(config, sample, None, rule)
+    if facts.decayed_norms_biases:
+        check.value = _names(facts.decayed_norms_biases)
+    return check
+
+
+def _grad_clip(facts: LiveFacts, config: dict, sample: DataSample, rule: dict) -> Check:
+    """Told: the job's rule. Not told: clipping seen at work passes; a gradient left as it was
+    proves nothing (the threshold may sit above it), so the check is skipped, not guessed."""
+    if facts.grad_clip is not None:
+        return check_grad_clip(config, sample, None, rule)
+    if facts.clipped_to is not None:
+        return _check(rule, "pass", "pass", facts.clipped_to, "clipping seen at step 0")
+    norm = facts.first_grad_norm if facts.first_grad_norm is not None else float("nan")
+    return _check(rule, "skip", "not_seen", None, "grad_clip > 0 (not told)", norm=norm)
+
+
+def _tokens_per_step(facts: LiveFacts, rule: dict) -> Check:
+    threshold = "needs the run's total tokens and the model's FLOPs"
+    return _check(rule, "skip", "no_budget", facts.tokens_per_step, threshold)
+
+
+def _named_list(rule: dict, names: list[str], case: str, status: str) -> Check:
+    if not names:
+        return _check(rule, "pass", "pass", 0, "none")
+    return _check(rule, status, case, len(names), "none", count=len(names), names=_names(names))
+
+
+def _names(names: list[str]) -> str:
+    shown = ", ".join(names[:NAMES_SHOWN])
+    more = len(names) - NAMES_SHOWN
+    return shown + (f" and {more} more" if more > 0 else "")
