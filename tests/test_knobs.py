@@ -21,7 +21,7 @@ import yaml
 from hyprun.hypotheses.schema import load_cards
 from hyprun.runner.cli.main import main as hyprun
 from hyprun.runner.control.diagnose import drop_noop_cards, named_cards, next_step
-from hyprun.runner.launch.app_preflight import unread
+from hyprun.runner.launch.app_preflight import fields_in_source, unread
 from hyprun.runner.launch.knobs import from_dicts, load_knobs, resolve, translate, value_problem
 from hyprun.runner.store.investigation import Store
 
@@ -53,6 +53,21 @@ def test_each_presets_defaults_are_the_librarys_own():
         for knob, field in load_knobs().presets[name].knobs.items():
             assert field.key in library, (name, knob, field.key)
             assert library[field.key] == field.default, (name, knob, library[field.key])
+
+
+def test_the_fields_read_from_a_librarys_source_are_its_classes_own():
+    """A new key under a preset's prefix is judged without importing the library (torch):
+    the fields read from its source are those the imported class has."""
+    from lightning.pytorch import Trainer
+    from transformers import TrainingArguments
+
+    parameters = set(inspect.signature(Trainer.__init__).parameters) - {"self"}
+    for name, imported in (
+        ("hf", {f.name for f in dataclasses.fields(TrainingArguments)}),
+        ("lightning", parameters),
+    ):
+        reads = load_knobs().presets[name].reads
+        assert fields_in_source(*reads.split(":")) == imported, name
 
 
 def translated(card: str, knobs=HF, baseline=HF_BASELINE):
@@ -117,7 +132,8 @@ def test_a_new_key_is_read_only_when_a_knob_or_the_presets_class_reads_it():
     assert unread("trainer.gradient_clip_val", LIGHTNING, declared) is None  # a knob's key
     assert unread("trainer.max_epochs", LIGHTNING, declared) is None  # a Trainer argument
     assert unread("trainer.gradient_clip_vall", LIGHTNING, declared) == (
-        "lightning.pytorch:Trainer has no field 'gradient_clip_vall': nothing would read it; "
+        "lightning.pytorch.trainer.trainer:Trainer has no field 'gradient_clip_vall': nothing "
+        "would read it; "
         "fix the spelling"
     )
     assert "not in the app's config" in unread("optim.momentum", LIGHTNING, declared)

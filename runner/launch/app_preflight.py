@@ -15,6 +15,7 @@ test is claimed, each override of the test is checked against the app's baseline
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import importlib
 import inspect
@@ -63,16 +64,48 @@ def type_problem(before: Any, after: Any, knob: Knob | None) -> str | None:
 
 
 def library_fields(target: str) -> set[str] | None:
-    """The keyword arguments `module:Class` takes: a dataclass's fields, else its __init__'s
-    parameters; None when the library cannot be imported here (then nothing is refused)."""
+    """The keyword arguments `module:Class` takes: a dataclass's fields and its __init__'s
+    parameters, read from its source file when it defines them itself (importing the library
+    imports torch: 10-20 s on a loaded machine for a one-line refusal), else from the imported
+    class; None when the library is not here (then nothing is refused)."""
     module, _, name = target.partition(":")
+    found = fields_in_source(module, name)
+    if found is not None:
+        return found
     try:
-        found = getattr(importlib.import_module(module), name)
+        imported = getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError):
         return None
-    if dataclasses.is_dataclass(found):
-        return {field.name for field in dataclasses.fields(found)}
-    return set(inspect.signature(found.__init__).parameters) - {"self"}
+    if dataclasses.is_dataclass(imported):
+        return {field.name for field in dataclasses.fields(imported)}
+    return set(inspect.signature(imported.__init__).parameters) - {"self"}
+
+
+def fields_in_source(module: str, name: str) -> set[str] | None:
+    """A class's annotated fields and __init__ parameters from the module's file, found on
+    sys.path without importing its package; None when not found or the class has bases (its
+    fields may be inherited)."""
+    relative = Path(*module.split("."))
+    for entry in map(Path, filter(None, sys.path)):
+        source = (entry / relative).with_suffix(".py")
+        if source.is_file():
+            break
+    else:
+        return None
+    tree = ast.parse(source.read_text())
+    node = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == name), None)
+    if node is None or node.bases:
+        return None
+    fields = {
+        s.target.id
+        for s in node.body
+        if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)
+    }
+    for method in node.body:
+        if isinstance(method, ast.FunctionDef) and method.name == "__init__":
+            arguments = method.args.posonlyargs + method.args.args + method.args.kwonlyargs
+            fields |= {argument.arg for argument in arguments} - {"self"}
+    return fields
 
 
 def unread(key: str, knobs: Mapping[str, Knob], declared: Mapping[str, str]) -> str | None:
