@@ -111,6 +111,19 @@ def test_an_hf_trainer_app_is_stopped_at_a_step_by_its_callback(here):
     assert still_running(here) == []
 
 
+LIGHTNING = "tests.apps.lightning_gpt.train:main"
+LIGHTNING_BASELINE = ["trainer.max_steps=40", "trainer.val_check_interval=4", "batch_size=32"]
+
+
+def test_a_lightning_app_is_stopped_at_a_step_by_its_callback(here):
+    assert run_cli("baseline", "--app", LIGHTNING, *LIGHTNING_BASELINE, "--seeds", "3", *INV) == 0
+    assert run_cli("test", "optim.lr=3e-5", "--why", WHY) == 0  # 100x lower
+    found = stopped_early(Store(f"sqlite:///{here}/mlflow.db", "hyprun"), "inv", 40)
+    assert found["saved"] >= 0.4, found
+    print(f"Lightning in-process: saved {found['saved']:.0%}, stopped seed {found['seed0']:.0%}")
+    assert still_running(here) == []
+
+
 def loop_with_probe(honour: bool, stop_after: int = 3) -> int:
     """A plain training loop with a probe; hyprun's stop is asked after `stop_after` steps.
     Returns the steps it took."""
