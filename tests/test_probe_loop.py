@@ -4,12 +4,15 @@ wait measured, bad settings refused."""
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
+from hyprun.diag.live_checks import L0_TAG
+from hyprun.diag.probes import STEP_MULTIPLES, ProbeSchedule, StepScan
 from hyprun.runner.job.models import GPT
 from hyprun.runner.job.probe import Probe
 from tests.helpers import metric_history
@@ -95,6 +98,7 @@ def test_steps_as_the_unit_when_declared(uri):
     [
         ({"step_unit": "epochs"}, "step_unit='epochs' is unknown"),
         ({"log_every_steps": 0}, "need every_steps >= 0 and log_every_steps >= 1"),
+        ({"max_overhead": 2.0}, "need 0 <= max_overhead < 1"),
     ],
 )
 def test_bad_settings_are_refused_before_any_run(uri, workdir, options, expected):
@@ -135,3 +139,79 @@ def test_grad_norm_under_zero_equals_the_unsharded_one(uri, stage):
     first = float(torch.nn.utils.clip_grad_norm_(reference.parameters(), 1e9))
     norms = metric_history(uri, probe.run_id, "grad/norm")
     assert norms[0] == (BATCH * SEQ, pytest.approx(first, rel=1e-5))
+
+
+def test_the_step_scan_puts_the_weights_back_bit_for_bit():
+    model = gpt()
+    params = [p.data for p in model.parameters()]
+    taken = [p.clone() for p in params]
+    delta = [torch.randn_like(p) * 1e-2 for p in params]
+    x, y = next(batches(1))
+    losses = StepScan()(model, params, delta, lambda: model(x, y))
+    assert list(losses) == [f"step/loss_x{m:g}" for m in STEP_MULTIPLES]
+    assert all(torch.equal(p, t) for p, t in zip(params, taken, strict=True))
+    assert losses["step/loss_x1"] == pytest.approx(float(model.eval()(x, y)))
+
+
+def test_probes_past_the_free_ones_wait_while_over_the_overhead_cap():
+    free = ProbeSchedule(every_steps=2, max_overhead=0.02, free_probes=2)
+    free.spent(3600.0)  # an hour of probing in a run a moment old: far over 2%
+    assert [s for s in range(10) if free.due(s)] == [0, 2]  # the free ones, then none
+    uncapped = ProbeSchedule(every_steps=2, max_overhead=0.0, free_probes=0)
+    uncapped.spent(3600.0)
+    assert [s for s in range(10) if uncapped.due(s)] == [0, 2, 4, 6, 8]
+
+
+class Unused(torch.nn.Module):
+    """A GPT beside a layer no forward reaches."""
+
+    def __init__(self):
+        super().__init__()
+        self.gpt = gpt()
+        self.unused = torch.nn.Linear(4, 4)
+
+    def forward(self, x, y):
+        return self.gpt(x, y)
+
+
+def live_run(model, optimizer, steps: int = 3, clip: float | None = None, schedule=None) -> dict:
+    probe = Probe(model, optimizer, every_steps=0)
+    for x, y in batches(steps):
+        loss = model(x, y)
+        loss.backward()
+        probe.after_backward(loss)
+        if clip is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
+        optimizer.step()
+        optimizer.zero_grad()
+        if schedule is not None:
+            schedule.step()
+    probe.close()
+    tags = MlflowClient().get_run(probe.run_id).data.tags
+    return {c["id"]: c for c in json.loads(tags[L0_TAG])}
+
+
+def test_l0_checks_read_the_live_optimizer_and_model(uri):
+    model = Unused()
+    late = [p for n, p in model.named_parameters() if n.startswith("gpt.blocks.1.")]
+    early = [p for n, p in model.named_parameters() if not n.startswith("gpt.blocks.1.")]
+    checks = live_run(model, torch.optim.AdamW(early, lr=1e-3, weight_decay=0.1))
+    assert checks["optimizer_coverage"]["status"] == "fail" and late
+    assert "gpt.blocks.1." in checks["optimizer_coverage"]["why"]
+    assert checks["gradient_reach"]["status"] == "warn"
+    assert "unused.weight" in checks["gradient_reach"]["why"]
+    assert checks["decay_norms_biases"]["status"] == "warn"  # AdamW decays every group
+    assert checks["warmup"]["status"] == "warn"  # a constant LR: full steps from step 0
+    assert checks["grad_clip"]["status"] == "skip"  # nothing clipped, nothing told
+    assert checks["lr_plausible"]["value"] == 1e-3
+
+
+def test_a_warmup_and_clipping_are_seen_at_work(uri):
+    model = gpt()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    ramp = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / 10))
+    checks = live_run(model, optimizer, clip=1e-3, schedule=ramp)
+    assert checks["warmup"]["status"] == "pass" and checks["grad_clip"]["status"] == "pass"
+    assert checks["grad_clip"]["value"] == pytest.approx(1e-3, rel=1e-3)  # the norm it left
+    assert checks["lr_plausible"]["value"] == 1e-3  # the peak, not the ramp's first LR
+    assert checks["optimizer_coverage"]["status"] == checks["gradient_reach"]["status"] == "pass"

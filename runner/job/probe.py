@@ -119,6 +119,11 @@ class Probe:
     ):
         if step_unit not in STEP_UNITS:
             raise ValueError(f"step_unit={step_unit!r} is unknown: use tokens or steps")
+        if not 0 <= max_overhead < 1 or free_probes < 0:
+            raise ValueError(
+                f"max_overhead={max_overhead}, free_probes={free_probes}: need "
+                "0 <= max_overhead < 1 (a share of the run's time) and free_probes >= 0"
+            )
         if every_steps < 0 or log_every_steps < 1:
             raise ValueError(
                 f"every_steps={every_steps}, log_every_steps={log_every_steps}: "
