@@ -85,6 +85,9 @@ bench-split: setup
 	$(BIN)/python -m bench.diagnosis.healthy_lr
 	$(BIN)/python -m bench.diagnosis.split
 
+bench-corpus: setup  # the real-world corpus, tuning half (bench/README.md, "Real-world corpus")
+	OMP_NUM_THREADS=1 $(BIN)/python -m bench.corpus --set tuning
+
 bench-faults: setup
 	$(BIN)/python -m bench.faults
 

@@ -2,10 +2,10 @@
 
 Per row: the fault and its clean twin on seeds 0 and 1 (final held-out loss); then every card
 that applies to the fault's config (cards.py) on seed 0. A card removes the fault when the row
-is harmful (the fault ends >= 2% above the twin) and the card closes at least half the gap on
-seed 0. One seed per card is a screen, not a verdict (truth.py in bench/diagnosis uses 6 and a
-rank test); the rows' `fix_cards` are taken from it before the split and frozen with the rows.
-Writes results/harm.json and prints each row.
+is harmful (the fault ends >= 2% above the twin) and the card's run ends within 2% of the
+twin's (seed 0). One seed per card is a screen, not a verdict (truth.py in bench/diagnosis
+uses 6 and a rank test); the rows' `fix_cards` are taken from it before the split and frozen
+with the rows. Writes results/harm.json and prints each row; --write puts both into corpus.yaml.
 """
 
 from __future__ import annotations
@@ -26,8 +26,10 @@ RESULTS = Path(__file__).with_name("results")
 SEEDS = (0, 1)
 HARMFUL = 0.02
 """A fault is harmful when its mean final eval loss is >= 2% above its twin's."""
-CLOSES = 0.5
-"""A card removes the fault when it closes at least half the gap to the twin (seed 0)."""
+WITHIN = HARMFUL
+"""A card removes the fault when its run is no longer harmful by the same cut (within 2% of
+the twin's loss, seed 0): it takes the harm away, not only some of it (an LR 10x lower halves a
+copy task's loss and still leaves it 4x the twin's)."""
 
 
 def final_eval_loss(form: str, overrides: list[str], seed: int) -> float:
@@ -46,7 +48,7 @@ def final_eval_loss(form: str, overrides: list[str], seed: int) -> float:
 
 def measure(only: list[str] | None = None) -> dict:
     """Fault and twin of every row first (the harm figures), then the card screen of the
-    harmful rows."""
+    harmful rows (not the silent ones: their harm is not a worse loss)."""
     rows = [row for row in load_corpus().rows if not only or row.id in only]
     out: dict = {}
     for row in rows:
@@ -59,17 +61,16 @@ def measure(only: list[str] | None = None) -> dict:
         }
         print(row.id, json.dumps(out[row.id]), flush=True)
     for row in rows:
-        if out[row.id]["change"] < HARMFUL:
+        if out[row.id]["change"] < HARMFUL or row.silent:  # silent: the harm is not a loss
             continue
         fault, twin = out[row.id]["fault"][0], out[row.id]["twin"][0]
         cards = {}
         for card, overrides in applicable(row.form, row.fault_overrides).items():
             loss = final_eval_loss(row.form, [*row.fault_overrides, *overrides], SEEDS[0])
             cards[card] = {"overrides": overrides, "eval_loss": loss}
-        gap = fault - twin
         out[row.id]["cards"] = cards
         out[row.id]["fix_cards"] = [
-            c for c, r in cards.items() if gap > 0 and fault - r["eval_loss"] >= CLOSES * gap
+            c for c, r in cards.items() if r["eval_loss"] <= twin * (1 + WITHIN) < fault
         ]
         print(row.id, json.dumps(out[row.id]), flush=True)
     return out
