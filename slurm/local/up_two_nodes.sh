@@ -33,7 +33,7 @@ hosts="127.0.0.1 localhost
 $ctld_addr $host"
 for i in "${!nodes[@]}"; do hosts+=$'\n'"$subnet.1$((i + 1)) ${nodes[i]}"; done
 for i in "${!nodes[@]}"; do
-  node=${nodes[i]} ns=hyprun-${nodes[i]} veth=hyprun-v$((i + 1))
+  ns=hyprun-${nodes[i]} veth=hyprun-v$((i + 1))
   [[ -e /run/netns/$ns ]] || ip netns add "$ns"
   if ! ip link show "$veth" >/dev/null 2>&1; then
     ip link add "$veth" type veth peer name eth0 netns "$ns"

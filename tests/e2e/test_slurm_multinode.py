@@ -178,7 +178,7 @@ def investigation(two_node_cluster, bridge_mlflow_server, tmp_path_factory):
     return folder, Store(bridge_mlflow_server, "hyprun")
 
 
-def test_of(investigation, uri: str, delta: str, wait: bool = True):
+def submit_test(investigation, uri: str, delta: str, wait: bool = True):
     """`hyprun test DELTA` in the investigation, at most 2 seeds a side (one look)."""
     folder, _ = investigation
     args = ["test", delta, "--why", WHY, "--investigation", NAME, "--max-seeds", "2"]
@@ -189,7 +189,7 @@ def test_hypothesis_test_runs_each_seed_as_a_two_node_job(investigation, bridge_
     _, store = investigation
     known = len(store.find(NAME).tests)
     started = time.monotonic()
-    done = test_of(investigation, bridge_mlflow_server, "optim.lr=3e-3")
+    done = submit_test(investigation, bridge_mlflow_server, "optim.lr=3e-3")
     assert done.returncode == 0, done.stdout + done.stderr
     print(f"a 2-seed test of 2-node jobs: {time.monotonic() - started:.0f} s")
     state = store.find(NAME)
@@ -229,7 +229,7 @@ def test_rank_killed_on_the_second_node_is_an_error_not_a_strike(
 ):
     _, store = investigation
     before = store.find(NAME)
-    command = test_of(investigation, bridge_mlflow_server, "optim.lr=2e-3", wait=False)
+    command = submit_test(investigation, bridge_mlflow_server, "optim.lr=2e-3", wait=False)
     known = len(before.tests)
     _wait_for(
         lambda: (
@@ -256,6 +256,6 @@ def test_rank_killed_on_the_second_node_is_an_error_not_a_strike(
     assert command.returncode == 1, output
     after = store.find(NAME)
     test = next(t for t in after.tests if t.run_id == test.run_id)
-    assert test.verdict == "error", test.tags
+    assert test.verdict == "error" and "FAILED" in test.tags["hyprun.reason"], test.tags
     assert after.strikes == before.strikes
     assert seconds < 180  # bounded: no collective waits for the dead rank
