@@ -91,36 +91,37 @@ def test_a_plain_app_in_a_subprocess_gets_the_signal_and_is_recorded_as_stopped(
     assert still_running(here) == []
 
 
-# 40 steps of 32 sequences (~0.1 s each here), evaluated every 4, no checkpoints.
-HF_BASELINE = [
-    "training.max_steps=40",
-    "training.per_device_train_batch_size=32",
-    "training.eval_steps=4",
-    "training.logging_steps=4",
-    "training.save_strategy=no",
-]
+# Each trainer's app for 40 steps of 32 sequences (~0.1 s each here), evaluated every 4 steps,
+# and the test that is clearly worse: the learning rate 100x lower.
+TRAINERS = {
+    "hf": (
+        HF,
+        [
+            "training.max_steps=40",
+            "training.per_device_train_batch_size=32",
+            "training.eval_steps=4",
+            "training.logging_steps=4",
+            "training.save_strategy=no",
+        ],
+        "training.learning_rate=3e-5",
+    ),
+    "lightning": (
+        "tests.apps.lightning_gpt.train:main",
+        ["trainer.max_steps=40", "trainer.val_check_interval=4", "batch_size=32"],
+        "optim.lr=3e-5",
+    ),
+}
 
 
-def test_an_hf_trainer_app_is_stopped_at_a_step_by_its_callback(here):
+@pytest.mark.parametrize("trainer", TRAINERS)
+def test_a_trainer_app_is_stopped_at_a_step_by_its_callback(here, trainer):
+    app, baseline, worse = TRAINERS[trainer]
     # 3 seeds: with 2 the reject side needs ~40 sigma (Student t at 1 degree of freedom)
-    assert run_cli("baseline", "--app", HF, *HF_BASELINE, "--seeds", "3", *INV) == 0
-    assert run_cli("test", "training.learning_rate=3e-5", "--why", WHY) == 0  # 100x lower
+    assert run_cli("baseline", "--app", app, *baseline, "--seeds", "3", *INV) == 0
+    assert run_cli("test", worse, "--why", WHY) == 0
     found = stopped_early(Store(f"sqlite:///{here}/mlflow.db", "hyprun"), "inv", 40)
     assert found["saved"] >= 0.4, found
-    print(f"HF Trainer in-process: saved {found['saved']:.0%}, stopped seed {found['seed0']:.0%}")
-    assert still_running(here) == []
-
-
-LIGHTNING = "tests.apps.lightning_gpt.train:main"
-LIGHTNING_BASELINE = ["trainer.max_steps=40", "trainer.val_check_interval=4", "batch_size=32"]
-
-
-def test_a_lightning_app_is_stopped_at_a_step_by_its_callback(here):
-    assert run_cli("baseline", "--app", LIGHTNING, *LIGHTNING_BASELINE, "--seeds", "3", *INV) == 0
-    assert run_cli("test", "optim.lr=3e-5", "--why", WHY) == 0  # 100x lower
-    found = stopped_early(Store(f"sqlite:///{here}/mlflow.db", "hyprun"), "inv", 40)
-    assert found["saved"] >= 0.4, found
-    print(f"Lightning in-process: saved {found['saved']:.0%}, stopped seed {found['seed0']:.0%}")
+    print(f"{trainer} in-process: saved {found['saved']:.0%}, stopped seed {found['seed0']:.0%}")
     assert still_running(here) == []
 
 

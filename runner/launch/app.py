@@ -465,7 +465,8 @@ def _in_process(target: str, argv: list[str], env: dict[str, str], cwd: Path) ->
 
 class _Child:
     """The app's decorated main in its own Python process, which handles hyprun's stop request
-    (runner/job/stop.py) from its first line."""
+    (runner/job/stop.py) from its first line, and exits 75 when asked to stop, even where a
+    probe ended its loop and it returned (so a Slurm job stopped by `scancel` reads stopped)."""
 
     def __init__(self, target: str, argv: list[str], env: dict[str, str], cwd: Path):
         module, _, function = target.partition(":")
@@ -473,7 +474,8 @@ class _Child:
             "import sys; from importlib import import_module; "
             "from hyprun.runner.job import stop; stop.listen(); "
             f"sys.argv = [{module!r}, *sys.argv[1:]]; "
-            f"import_module({module!r}).{function}()"
+            f"import_module({module!r}).{function}(); "
+            "sys.exit(stop.EXIT_STOPPED if stop.requested() else 0)"
         )
         path = os.pathsep.join(p for p in (str(cwd), os.environ.get("PYTHONPATH", "")) if p)
         self.process = subprocess.Popen(

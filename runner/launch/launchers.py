@@ -28,6 +28,7 @@ from hyprun.runner import provenance
 from hyprun.runner.errors import BadInput
 from hyprun.runner.job.result import JobResult
 from hyprun.runner.launch.app import AppFailed, AppJob, is_app, run_app
+from hyprun.runner.store import app_runs
 from hyprun.runner.store.tracking import RunReader
 
 GROUP, KEYS = "hydra/launcher=", "hydra.launcher."
@@ -299,6 +300,10 @@ class Slurm:
             r.outcome = result_of(runs.run(r.run_id)) if r.run_id else None
             if r.cancelled and r.outcome is not None and r.outcome.status == "interrupted":
                 r.outcome = replace(r.outcome, status="stopped")  # we stopped it
+                # and its run says so, as a seed stopped in this process does
+                app_runs.finish_seed_run(
+                    r.job.config.tracking.uri, r.run_id, {"hyprun.outcome": "stopped"}, "FINISHED"
+                )
         elif r.state in FAILED:
             r.done = True
             r.outcome = Failed(f"Slurm job {r.slurm_id} {r.state}{_tail(r.submitted)}")

@@ -1,0 +1,79 @@
+"""Early rejection for a user's app on Slurm (issue 26 item 5): the HF Trainer app
+(tests/apps/hf_gpt2) through the local cluster with `hydra/launcher=slurm_cpu`. The controller
+polls the app's declared metric (`eval_loss`) from MLflow as the job array trains, and once a
+clearly worse test's reject side fires it `scancel`s the test's jobs: the SIGTERM reaches the
+app, whose callback ends the Trainer's loop at a step; the seeds are recorded as stopped, not as
+errors, with the steps they trained and the share saved.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hyprun.runner.store.investigation import Store
+from tests.helpers import python_env
+
+APP = "tests.apps.hf_gpt2.train:main"
+BUDGET = [  # ~30 s a seed here: long enough for polls every 5 s to stop it midway
+    "training.max_steps=200",
+    "training.eval_steps=10",
+    "training.logging_steps=10",
+    "training.save_strategy=no",
+    "probe_every=50",
+]
+NAME = "early-on-slurm"
+pytestmark = [pytest.mark.usefixtures("slurm"), pytest.mark.slow]
+
+
+def hyprun(*args: str, cwd: Path, uri: str) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "hyprun.runner.cli.main", *args]
+    env = python_env(MLFLOW_TRACKING_URI=uri, MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR="false")
+    return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
+
+
+def test_a_clearly_worse_app_test_on_slurm_is_cancelled_early(mlflow_server, tmp_path):
+    store = Store(mlflow_server, "hyprun")
+    where = ["hydra/launcher=slurm_cpu", "--investigation", NAME]
+    done = hyprun(
+        "baseline", "--app", APP, *BUDGET, *where, "--seeds", "3", cwd=tmp_path, uri=mlflow_server
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    why = "I think a lower LR is steadier because the loss is noisy"
+    done = hyprun(  # it runs where its baseline ran: on Slurm
+        "test",
+        "--investigation",
+        NAME,
+        "training.learning_rate=3e-5",
+        "--why",
+        why,
+        cwd=tmp_path,
+        uri=mlflow_server,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+    test = store.find(NAME).tests[0]
+    assert test.verdict == "rejected" and test.tags["hyprun.early"] == "true", test.tags
+    saved = store.run(test.run_id).data.metrics["tokens_saved_frac"]
+    # Polls every 5 s (Slurm.poll_s) and scancel's own delay cost more steps than in process.
+    assert saved >= 0.25, (saved, test.tags["hyprun.spent"])
+    print(f"HF on Slurm: {test.tags['hyprun.spent']}; {test.tags['hyprun.reason']}")
+    # Every seed the cancel reached reads stopped. The marks judged are those every seed reached,
+    # so where the array's seeds wait for cores (2 here), the first may be done by then.
+    trained = []
+    for run in store.seed_runs(test.run_id):
+        tags = run.data.tags
+        ended = (tags["hyprun.outcome"], run.info.status, tags.get("hyprun.steps"))
+        assert ended[:2] == ("stopped", "FINISHED"), (tags["hyprun.seed"], *ended)
+        trained.append(int(tags["hyprun.steps"]))
+    assert min(trained) < 200, trained
+    experiment = store.client.get_experiment_by_name("hyprun").experiment_id
+    running = [
+        r.info.run_name
+        for r in store.client.search_runs([experiment])
+        if r.info.status == "RUNNING"
+    ]
+    assert running == []
