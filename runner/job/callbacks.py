@@ -57,13 +57,12 @@ def _trainer_callback() -> type:
             optimizer = kwargs.get("optimizer")  # read for the LR; stepped by the Trainer
             options = {"grad_clip": clip, **self.options}
             trainer = _calling_trainer()
-            if "heldout" not in options and trainer is not None and trainer.eval_dataset:
+            loader = kwargs.get("eval_dataloader")  # set once an evaluation ran
+            if trainer is not None and trainer.eval_dataset and loader is None:
+                loader = trainer.get_eval_dataloader()  # as the Trainer builds it for eval
+            if "heldout" not in options and loader is not None:
                 rows = args.per_device_train_batch_size
-
-                def heldout():  # built at the first probe, as the Trainer builds it for eval
-                    return first_rows(next(iter(trainer.get_eval_dataloader())), rows)
-
-                options["heldout"] = heldout
+                options["heldout"] = lambda: first_rows(next(iter(loader)), rows)
             self.probe = Probe(model, optimizer, hook_optimizer=False, **options)
 
         def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
