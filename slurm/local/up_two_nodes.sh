@@ -26,7 +26,13 @@ nodes=(node1 node2)
 die() { echo "up_two_nodes.sh: $*" >&2; exit 1; }
 
 # --- network: a bridge on this host, one veth into each node's namespace --------------------------
-ip link show "$bridge" >/dev/null 2>&1 || ip link add "$bridge" type bridge
+if ! command -v ip >/dev/null; then
+  apt-get install -y -qq --no-install-recommends iproute2 >/dev/null
+fi
+if ! ip link show "$bridge" >/dev/null 2>&1; then
+  ip link add "$bridge" type bridge ||
+    die "cannot add a network bridge: this needs root with CAP_NET_ADMIN (a container: --privileged)"
+fi
 ip -br addr show dev "$bridge" | grep -q "$ctld_addr/" || ip addr add "$ctld_addr/24" dev "$bridge"
 ip link set "$bridge" up
 hosts="127.0.0.1 localhost
