@@ -64,7 +64,7 @@ def sbatch(folder: Path, uri: str, *overrides: str) -> str:
 
 
 def wait_until_over(job: str, timeout: float = 600) -> str:
-    """The final state of a Slurm job (a requeued one is waited through), and how long it took."""
+    """The final state of a Slurm job (a requeued one is waited through)."""
     over = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}
     _wait_for(lambda: sacct_states([job]).get(job) in over, f"job {job} to end", timeout)
     return sacct_states([job])[job]
