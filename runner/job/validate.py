@@ -50,7 +50,7 @@ def reachable(uri: str, timeout_s: float = 5.0) -> None:
     import socket
     from urllib.parse import urlsplit
 
-    from hyprun.runner.store.tracking import redact
+    from hyprun.runner.store.outage import await_server
 
     parts = urlsplit(uri)
     if parts.scheme not in ("http", "https"):
@@ -59,11 +59,8 @@ def reachable(uri: str, timeout_s: float = 5.0) -> None:
     try:
         with socket.create_connection((parts.hostname or "", port), timeout=timeout_s):
             pass
-    except OSError as error:
-        raise BadInput(
-            f"the tracking server {redact(uri)} does not answer ({error.strerror or error}): "
-            "start it, or set MLFLOW_TRACKING_URI / tracking.uri to one that runs"
-        ) from None
+    except OSError as error:  # BadInput, unless a server that answered is restarting
+        await_server(uri, error.strerror or error)
 
 
 def _cuda_available() -> bool:

@@ -32,8 +32,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hyprun.runner.errors import BadInput
-
 SEARCH_PAGE = 1000  # MLflow's default page of search results
 SQLITE_VARIABLES = 900  # below sqlite's oldest limit on `?` placeholders per statement
 
@@ -200,7 +198,8 @@ def _info_of_row(row: sqlite3.Row) -> RunInfo:
 
 class RestReads:
     """A tracking server's REST API. A server that does not answer is BadInput (MLflow's client
-    would retry for minutes); one that answers unexpectedly (auth, an old version) hands the
+    would retry for minutes), unless it answered before: a restart, waited for
+    (runner/store/outage.py). One that answers unexpectedly (auth, an old version) hands the
     reads to MLflow's client."""
 
     def __init__(self, uri: str, client_factory):
@@ -294,6 +293,19 @@ class RestReads:
             headers=self.headers,
             method=method,
         )
+        from hyprun.runner.store import outage
+
+        while True:
+            try:
+                found = self._send(request)
+            except (urllib.error.URLError, TimeoutError, ConnectionError) as error:
+                # never answered: BadInput; answered before: a restart, waited for
+                outage.await_server(self.uri, getattr(error, "reason", error))
+                continue
+            outage.answered(self.uri)
+            return found
+
+    def _send(self, request: urllib.request.Request) -> dict:
         try:
             with urllib.request.urlopen(
                 request, timeout=self.timeout_s, context=_tls_context()
@@ -307,14 +319,6 @@ class RestReads:
 
                 raise not_signed_in(self.uri) from None
             raise _Unexpected from None
-        except (urllib.error.URLError, TimeoutError, ConnectionError) as error:
-            from hyprun.runner.store.tracking import redact
-
-            reason = getattr(error, "reason", error)
-            raise BadInput(
-                f"the tracking server {redact(self.uri)} does not answer ({reason}): start it, "
-                "or set MLFLOW_TRACKING_URI / tracking.uri to one that runs"
-            ) from None
         except ValueError:  # not JSON: a proxy's page, not MLflow
             raise _Unexpected from None
 

@@ -23,7 +23,7 @@ from urllib.parse import quote, urlencode
 from hyprun.runner.errors import BadInput
 from hyprun.runner.store import access, direct
 from hyprun.runner.store.app_runs import last_per_step
-from hyprun.runner.store.tracking import experiment_id, redact
+from hyprun.runner.store.tracking import experiment_id, patient, redact
 
 STRIKES = 3
 ROLE, INVESTIGATION = "hyprun.role", "hyprun.investigation"
@@ -212,9 +212,8 @@ class Store:
     def client(self):
         """MLflow's client, made on first use: only writes and artifacts need it."""
         if self._client is None:
-            from mlflow.tracking import MlflowClient
-
-            self._client = MlflowClient(tracking_uri=self.uri)
+            # A server that answered and goes quiet is restarting: its calls wait for it.
+            self._client = patient(self.uri)
         return self._client
 
     def writable(self) -> None:

@@ -24,6 +24,7 @@ def enrol(uri: str, folder: Path, users: list[str], experiments: list[str]) -> l
     from mlflow.exceptions import RestException
     from mlflow.tracking import MlflowClient
 
+    from hyprun.runner.store.access import WRITES
     from hyprun.runner.store.tracking import experiment_id
 
     with warnings.catch_warnings():  # the auth client imports the server: starlette's notice
@@ -46,7 +47,9 @@ def enrol(uri: str, folder: Path, users: list[str], experiments: list[str]) -> l
                 ) from None
             _write_private(path, uri, user, password)
         for experiment in ids:
-            auth.grant_user_permission(user, "experiment", experiment, "EDIT")
+            held = auth.get_user_permission(user, "experiment", experiment).permission
+            if held not in WRITES:  # a rerun keeps what an account holds
+                auth.grant_user_permission(user, "experiment", experiment, "EDIT")
         written.append(path)
     return written
 

@@ -120,19 +120,21 @@ class Tracker:
         from mlflow.tracking import MlflowClient
 
         from hyprun.runner.store import access, direct
+        from hyprun.runner.store.outage import Patient
 
         uri = direct.sign_in(uri)  # MLflow prints each run's link from it: no password there
-        client = MlflowClient(tracking_uri=uri)
+        client = MlflowClient(tracking_uri=uri)  # the writer's: it spools through an outage
+        opening = Patient(client, uri)  # a job starting while the server restarts waits for it
         extra = {"spool": spool, "outage_grace_s": outage_grace_s}
         if run_id is not None:
-            client.update_run(run_id, status="RUNNING")
+            opening.update_run(run_id, status="RUNNING")
             return cls(client, run_id, flush_every_s, resumed=True, **extra)
         tags = {k: redact(str(v)) for k, v in (tags or {}).items()}
         tags.setdefault("hyprun.user", access.user(uri))  # who ran it, on a team's store
         if parent_run_id:
             tags["mlflow.parentRunId"] = parent_run_id
         run_name = redact(run_name) if run_name else run_name
-        run = client.create_run(experiment_id(client, experiment), run_name=run_name, tags=tags)
+        run = opening.create_run(experiment_id(opening, experiment), run_name=run_name, tags=tags)
         return cls(client, run.info.run_id, flush_every_s, resumed=False, **extra)
 
     def log_params(self, params: dict[str, str]) -> None:
@@ -241,7 +243,7 @@ class Tracker:
         try:
             self._send_kind(kind, items)
         except MlflowException as error:
-            if self.spool is None or not _unreachable(error):
+            if self.spool is None or not unreachable(error):
                 raise
             self.offline_since = time.monotonic()
             self.spool.park(kind, items)
@@ -254,7 +256,7 @@ class Tracker:
         try:
             self.spool.deliver(self.client, self._send_kind)
         except MlflowException as error:
-            if not _unreachable(error):
+            if not unreachable(error):
                 self._error = error
             return
         self.offline_since = None
@@ -293,7 +295,7 @@ def open_app_run(
     return Tracker.open(uri, experiment, run_name=run_name, flush_every_s=flush_every_s), True
 
 
-def _unreachable(error: MlflowException) -> bool:
+def unreachable(error: MlflowException) -> bool:
     """A server that did not answer (connection refused, timeout, 5xx), not a refused request."""
     text = str(error)
     return "API request to" in text or getattr(error, "error_code", "") in (
@@ -323,6 +325,15 @@ def experiment_id(client: MlflowClient, name: str) -> str:
         return found.experiment_id
 
 
+def patient(uri: str):
+    """MLflow's client, waiting through a restart of the server (runner/store/outage.py)."""
+    from mlflow.tracking import MlflowClient
+
+    from hyprun.runner.store.outage import Patient
+
+    return Patient(MlflowClient(tracking_uri=uri), uri)
+
+
 def read_run(
     uri: str, run_id: str
 ) -> tuple[dict[str, Any], dict[str, list[tuple[int, float]]], dict[str, str]]:
@@ -330,9 +341,8 @@ def read_run(
     job's config.yaml, else the run's params (flat, dotted keys)."""
     import yaml
     from mlflow.exceptions import MlflowException
-    from mlflow.tracking import MlflowClient
 
-    client = MlflowClient(tracking_uri=uri)
+    client = patient(uri)
     run = client.get_run(run_id)
     try:
         config = yaml.safe_load(_artifact_text(client, run_id, "config.yaml"))
@@ -348,9 +358,8 @@ def read_run(
 
 def latest_run(uri: str, experiment: str) -> str | None:
     """The newest job run of `experiment` that has ended, or None."""
-    from mlflow.tracking import MlflowClient
 
-    client = MlflowClient(tracking_uri=uri)
+    client = patient(uri)
     found = client.get_experiment_by_name(experiment)
     if found is None:
         return None
@@ -369,9 +378,8 @@ def record_diagnosis(uri: str, run_id: str, document: dict[str, Any]) -> None:
     import json
 
     from mlflow.entities import RunTag
-    from mlflow.tracking import MlflowClient
 
-    client = MlflowClient(tracking_uri=uri)
+    client = patient(uri)
     client.log_text(run_id, redact(json.dumps(document, indent=2, default=str)), "diagnosis.json")
     findings = document.get("findings", [])
     tags = [
@@ -394,9 +402,8 @@ class RunReader:
     """Reads job runs back while they train: what a launcher needs, without importing MLflow."""
 
     def __init__(self, uri: str):
-        from mlflow.tracking import MlflowClient
 
-        self.client = MlflowClient(tracking_uri=uri)
+        self.client = patient(uri)
 
     def run(self, run_id: str):
         return self.client.get_run(run_id)

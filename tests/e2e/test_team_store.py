@@ -275,3 +275,130 @@ def test_status_answers_in_under_a_second(team_store, recorded, tmp_path):
     team_s, local_s = statistics.median(team), statistics.median(alone)
     print(f"hyprun status: team store {team_s:.2f} s, local sqlite {local_s:.2f} s")
     assert team_s - local_s < 1.0
+
+
+RACE = [
+    "budget.tokens=8192",
+    "budget.eval_every_tokens=4096",
+    "budget.eval_sequences=16",
+    "data.source.loader_delay_ms=200",  # jobs long enough for the restart to land inside them
+    "tracking.system_metrics_every_s=0",
+    "optim.lr=1e-5",  # 100x too low: every cut below is rejected
+]
+TESTS = {"ana": "*0.1", "bo": "*0.01", "cy": "*0.001", "di": "*0.1"}
+"""Each user's LR factor: ana, bo and cy on one investigation, di on her own."""
+
+
+def start(store: TeamStore, user: str, *args: str, cwd: Path) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "hyprun.runner.cli.main", *args],
+        cwd=cwd,
+        env=python_env(**store.credentials(user)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+@pytest.mark.slow  # two baselines, then four tests of two seeds at once through a restart
+def test_four_users_at_once_through_a_server_restart(team_store, tmp_path):
+    """ana and di record baselines at once; then ana, bo and cy test three LR cuts on ana's
+    investigation while di tests one on hers, each in a process of their own with their own
+    --why; PostgreSQL and the server restart while the seed jobs train. Every command ends
+    with its verdict; the shared investigation has exactly 3 strikes (H1-H3, one each) and one
+    escalation, di's exactly 1; every run has ended; each test has its 2 seeds, each seed every
+    metric step once; each test is its user's."""
+    client = team_store.client()
+    names = {"ana": "shared", "bo": "shared", "cy": "shared", "di": "solo"}
+    folders = {user: tmp_path / user for user in TESTS}
+    for folder in folders.values():
+        folder.mkdir()
+    baselines = [
+        start(
+            team_store,
+            user,
+            "baseline",
+            "--investigation",
+            name,
+            "--seeds",
+            "2",
+            "--why",
+            f"{user}: the loss is flat",
+            *RACE,
+            cwd=folders[user],
+        )
+        for user, name in (("ana", "shared"), ("di", "solo"))
+    ]
+    for process in baselines:
+        output = process.communicate(timeout=900)[0]
+        assert process.returncode == 0, output
+    tests = {
+        user: start(
+            team_store,
+            user,
+            "test",
+            f"optim.lr={factor}",
+            "--investigation",
+            names[user],
+            "--max-seeds",
+            "2",
+            "--why",
+            f"I think ({user}) a lower LR helps because it might",
+            cwd=folders[user],
+        )
+        for user, factor in TESTS.items()
+    }
+    try:
+        deadline = time.monotonic() + 600
+        while not _training(client, len(TESTS)):  # every test claimed, a seed job logging
+            assert time.monotonic() < deadline
+            assert all(p.poll() is None for p in tests.values()), _outputs(tests)
+            time.sleep(1)
+        team_store.script(DOWN)
+        time.sleep(5)
+        team_store.script(UP)
+        outputs = {user: p.communicate(timeout=900)[0] for user, p in tests.items()}
+    finally:
+        for process in tests.values():
+            if process.poll() is None:
+                process.kill()
+    assert {user: p.returncode for user, p in tests.items()} == dict.fromkeys(TESTS, 0), outputs
+
+    runs = all_runs(client)
+    assert [r.info.run_id for r in runs if r.info.status == "RUNNING"] == []
+    for name, users, strikes in (("shared", {"ana", "bo", "cy"}, 3), ("solo", {"di"}, 1)):
+        mine = [r for r in runs if r.data.tags.get("hyprun.investigation") == name]
+        [parent] = [r for r in mine if r.data.tags.get("hyprun.role") == "investigation"]
+        tests_run = [r for r in mine if r.data.tags.get("hyprun.role") == "test"]
+        assert sorted(r.data.tags["hyprun.number"] for r in tests_run) == [
+            str(n) for n in range(1, len(users) + 1)
+        ]
+        assert {r.data.tags["hyprun.user"] for r in tests_run} == users
+        assert [r.data.tags["hyprun.verdict"] for r in tests_run] == ["rejected"] * strikes
+        numbers = [k for k in parent.data.params if k.startswith("test.H")]
+        assert len(numbers) == len(users)
+        escalations = [k for k in parent.data.params if k.startswith("escalation.")]
+        assert len(escalations) == (1 if strikes == 3 else 0)
+        for test in tests_run:
+            seeds = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == test.info.run_id]
+            numbered = sorted(r.data.tags["hyprun.seed"] for r in seeds)  # 1 if stopped early
+            assert numbered in (["0"], ["0", "1"]), numbered
+            for seed in seeds:
+                steps = [m.step for m in client.get_metric_history(seed.info.run_id, "train/loss")]
+                trained = int(float(seed.data.tags["hyprun.tokens"]))
+                assert sorted(steps) == list(range(1024, trained + 1, 1024)), (steps, trained)
+    for user in TESTS:
+        assert "rejected" in outputs[user]
+
+
+def _training(client: MlflowClient, tests: int) -> bool:
+    """Whether `tests` tests have claimed their run and one of their seed jobs logged a loss."""
+    runs = all_runs(client)
+    claimed = {r.info.run_id for r in runs if r.data.tags.get("hyprun.role") == "test"}
+    seeds = [r for r in runs if r.data.tags.get("mlflow.parentRunId") in claimed]
+    return len(claimed) == tests and any("train/loss" in r.data.metrics for r in seeds)
+
+
+def _outputs(processes: dict[str, subprocess.Popen]) -> str:
+    ended = {u: p for u, p in processes.items() if p.poll() is not None}
+    return "\n".join(f"{u}: exit {p.returncode}: {p.communicate()[0]}" for u, p in ended.items())
