@@ -57,9 +57,18 @@ def user(uri: str) -> str:
         try:
             signed_in = account(uri)
         except Unanswered:
-            return os.environ.get("MLFLOW_TRACKING_USERNAME") or getpass.getuser()
-        _USERS[uri] = signed_in.username if signed_in else getpass.getuser()
+            return os.environ.get("MLFLOW_TRACKING_USERNAME") or login()
+        _USERS[uri] = signed_in.username if signed_in else login()
     return _USERS[uri]
+
+
+def login() -> str:
+    """This process's login name, as MLflow records `mlflow.user` (a container's uid may have
+    no name: then "unknown")."""
+    try:
+        return getpass.getuser()
+    except (OSError, KeyError):
+        return "unknown"
 
 
 _USERS: dict[str, str] = {}
