@@ -115,6 +115,14 @@ def test_a_card_that_would_change_nothing_or_cannot_translate_says_why():
     ).overrides == ("scheduler=cosine_warm_restarts",)
 
 
+def test_a_card_value_the_library_has_no_word_for_does_not_apply():
+    fp16 = CARDS["bf16"].model_copy(update={"id": "fp16", "delta": ("ds.precision=fp16",)})
+    assert translate(fp16, HF, HF_BASELINE).reason == (
+        "ds.precision=fp16 has no counterpart in preset hf's training.bf16 (it maps bf16, fp32)"
+    )
+    assert translate(fp16, LIGHTNING, {}).overrides == ("+trainer.precision=16-mixed",)
+
+
 def test_a_knobs_range_holds_where_the_apps_key_means_the_knob():
     assert value_problem(HF["optim.lr"], -1) == "the learning rate (optim.lr) must be > 0"
     assert value_problem(HF["ds.micro_batch"], 4.5) == (
