@@ -18,7 +18,7 @@ import re
 import subprocess
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -297,17 +297,42 @@ class Slurm:
             r.seen = len(history)
         if r.state == "COMPLETED" or (r.cancelled and r.state not in WAITING):
             r.done = True
-            r.outcome = result_of(runs.run(r.run_id)) if r.run_id else None
-            if r.cancelled and r.outcome is not None and r.outcome.status == "interrupted":
-                r.outcome = replace(r.outcome, status="stopped")  # we stopped it
-                # and its run says so, as a seed stopped in this process does
-                app_runs.finish_seed_run(
-                    r.job.config.tracking.uri, r.run_id, {"hyprun.outcome": "stopped"}, "FINISHED"
-                )
+            if r.run_id is None:
+                r.outcome = None
+            elif r.cancelled:
+                r.outcome = result_of(self._stopped_run(r, runs))
+            else:
+                r.outcome = result_of(runs.run(r.run_id))
         elif r.state in FAILED:
             r.done = True
             r.outcome = Failed(f"Slurm job {r.slurm_id} {r.state}{_tail(r.submitted)}")
             self._cancel([o for o in running if o.job.group == r.job.group and not o.done])
+
+    settle_s = 60.0
+    """How long a cancelled job may take to record its end (Slurm's KillWait is 30 s)."""
+
+    def _stopped_run(self, r: _Running, runs: RunReader):
+        """The run of a job we cancelled, once the job has returned (its result file written: it
+        recorded how it ended; Slurm calls the job over at the cancel, while it still winds
+        down), marked `stopped` as a seed stopped in this process is. A job that completed
+        before the cancel stays completed; one the cluster killed first is closed here, at the
+        last step its metric reached."""
+        deadline = time.monotonic() + self.settle_s
+        returned = r.submitted.paths.result_pickle
+        while not returned.exists() and time.monotonic() < deadline:
+            time.sleep(1.0)
+        run = runs.run(r.run_id)
+        ended = returned.exists()
+        if ended and run.data.tags.get("hyprun.outcome") in ("completed", "diverged"):
+            return run
+        tags = {"hyprun.outcome": "stopped"}
+        if not ended:  # killed before it wrote how far it trained
+            config = r.job.config
+            unit = config.app.record.declaration.metric.step if is_app(config) else "tokens"
+            last = runs.history(r.run_id, watched_metric(config))
+            tags[f"hyprun.{unit}"] = str(last[-1][0] if last else 0)
+        app_runs.finish_seed_run(r.job.config.tracking.uri, r.run_id, tags, "FINISHED")
+        return runs.run(r.run_id)
 
     @staticmethod
     def _cancel(group: list[_Running]) -> None:

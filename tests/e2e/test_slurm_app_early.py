@@ -8,14 +8,10 @@ errors, with the steps they trained and the share saved.
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 from hyprun.runner.store.investigation import Store
-from tests.helpers import python_env
+from tests.e2e.test_slurm_apps import hyprun
 
 APP = "tests.apps.hf_gpt2.train:main"
 BUDGET = [  # ~30 s a seed here: long enough for polls every 5 s to stop it midway
@@ -29,12 +25,6 @@ NAME = "early-on-slurm"
 pytestmark = [pytest.mark.usefixtures("slurm"), pytest.mark.slow]
 
 
-def hyprun(*args: str, cwd: Path, uri: str) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "hyprun.runner.cli.main", *args]
-    env = python_env(MLFLOW_TRACKING_URI=uri, MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR="false")
-    return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
-
-
 def test_a_clearly_worse_app_test_on_slurm_is_cancelled_early(mlflow_server, tmp_path):
     store = Store(mlflow_server, "hyprun")
     where = ["hydra/launcher=slurm_cpu", "--investigation", NAME]
@@ -43,16 +33,8 @@ def test_a_clearly_worse_app_test_on_slurm_is_cancelled_early(mlflow_server, tmp
     )
     assert done.returncode == 0, done.stdout + done.stderr
     why = "I think a lower LR is steadier because the loss is noisy"
-    done = hyprun(  # it runs where its baseline ran: on Slurm
-        "test",
-        "--investigation",
-        NAME,
-        "training.learning_rate=3e-5",
-        "--why",
-        why,
-        cwd=tmp_path,
-        uri=mlflow_server,
-    )
+    worse = ["training.learning_rate=3e-5", "--why", why]  # run where the baseline ran: Slurm
+    done = hyprun("test", "--investigation", NAME, *worse, cwd=tmp_path, uri=mlflow_server)
     assert done.returncode == 0, done.stdout + done.stderr
 
     test = store.find(NAME).tests[0]
