@@ -10,6 +10,7 @@ Real Hydra apps (tests/apps/), real MLflow on sqlite, real torch and transformer
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 from pathlib import Path
@@ -81,14 +82,21 @@ def test_a_plain_app_clearly_worse_is_rejected_early_in_process_and_a_better_one
     assert still_running(here) == []
 
 
-def test_a_plain_app_in_a_subprocess_gets_the_signal_and_is_recorded_as_stopped(here):
+def test_a_plain_app_in_a_subprocess_gets_the_signal_and_is_recorded_as_stopped(here, capsys):
     declare(here, run="subprocess")
     assert run_cli("baseline", *TOY_BASELINE, "--seeds", "2", *INV) == 0
     assert run_cli("test", "opt.lr=0.0002", "--why", WHY) == 0
     found = stopped_early(Store(f"sqlite:///{here}/mlflow.db", "hyprun"), "inv", 100)
     assert found["saved"] >= 0.4, found
-    print(f"toy subprocess: saved {found['saved']:.0%}, stopped seed {found['seed0']:.0%}")
     assert still_running(here) == []
+    capsys.readouterr()
+    assert run_cli("status", *INV, "--json") == 0  # status and the report say what was saved
+    [row] = json.loads(capsys.readouterr().out)["tests"]
+    assert row["spent"] == f"{round((1 - found['saved']) * 200)} steps ({found['saved']:.0%} saved)"
+    assert run_cli("report", *INV) == 0
+    report = (here / ".hyprun" / "reports" / "inv" / "report.md").read_text()
+    assert "| steps spent | steps saved |" in report and "tokens" not in report.lower()
+    print(f"toy subprocess: saved {found['saved']:.0%}, stopped seed {found['seed0']:.0%}")
 
 
 # Each trainer's app for 40 steps of 32 sequences (~0.1 s each here), evaluated every 4 steps,
