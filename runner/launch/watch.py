@@ -56,7 +56,7 @@ class MetricWatch:
             try:
                 self.read()
             except Exception as error:  # a busy store: read again next time, the app goes on
-                print(f"hyprun: reading {self.metric} failed ({error}); retrying", file=sys.stderr)
+                print(f"hyprun: watching {self.metric}: {error}; trying again", file=sys.stderr)
                 continue
             if self.fired:
                 self.ask()
