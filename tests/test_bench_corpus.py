@@ -76,3 +76,16 @@ def test_the_held_out_half_is_scored_once(tmp_path, capsys):
     assert harness(["--set", "heldout", "--out", str(tmp_path)]) == 2
     assert "scored once" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["heldout.json"]
+
+
+def test_the_invariant_hooks_are_quiet_on_the_twin_and_name_a_planted_bug():
+    from bench.corpus.invariant_rates import fired
+
+    short = ["train.steps=24", "train.eval_every=8", "data.n_train=128"]
+    assert fired(short, seed=0) == {}
+    assert set(fired([*short, "bug.zero_grad_per_epoch=true"], seed=0)) == {
+        "grads_reset_between_steps"
+    }
+    assert set(fired([*short, "bug.head_not_in_optimizer=true"], seed=0)) >= {
+        "every_trainable_param_is_optimized"
+    }

@@ -118,7 +118,7 @@ def render(set_name: str, summary: dict[str, Any], twins: list[dict], meta: dict
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
-        harm = f"{r['harm']:+.0%}" if r["harm"] is not None else "-"
+        harm = "-" if r["harm"] is None else f"{r['harm']:+.0%}".replace("+inf%", "diverged")
         tests = ", ".join(f"{c} ({v})" for c, v in r["tests"]) or "none"
         error = f" ERROR {r['error'][:80]}" if r["error"] else ""
         lines.append(
