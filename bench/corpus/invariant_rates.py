@@ -1,7 +1,8 @@
 """The invariants' false alarms on healthy runs and what they see on the corpus's faults
 (python -m bench.corpus.invariant_rates): diag/invariants.py through bench/corpus/watch.py's
-hooks on the corpus app, every distinct clean twin on seeds 0 and 1 (the healthy population),
-and every row's fault on seed 0. Writes results/invariants.json and .md.
+hooks on the corpus app, every distinct clean twin on seeds 0 and 1, and the Hugging Face
+Trainer app of tests/apps/hf_gpt2 (the healthy populations), and every row's fault on seed 0.
+Writes results/invariants.json and .md.
 
 Read with care: the invariants were written knowing the whole corpus (both halves), so what
 they see on its faults is in-sample; the false-alarm rate on the clean twins is the figure
@@ -11,6 +12,7 @@ that sets nothing.
 from __future__ import annotations
 
 import json
+import tempfile
 from pathlib import Path
 
 import torch
@@ -33,6 +35,61 @@ def fired(overrides: list[str], seed: int) -> dict[str, list[str]]:
     return {name: [v.where for v in found[name]] for name in found if found[name]}
 
 
+HF_CONFIGS = (
+    [],
+    ["training.lr_scheduler_type=linear", "+training.gradient_accumulation_steps=2"],
+)
+"""The Hugging Face Trainer app of tests/apps/hf_gpt2 (a foreign healthy population): as it
+ships, and with a decaying schedule under gradient accumulation."""
+
+
+def fired_hf(overrides: list[str], seed: int) -> dict[str, list[str]]:
+    """The invariants a run of tests/apps/hf_gpt2 breaks, the watch attached by a callback."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+    from transformers import (
+        GPT2Config,
+        GPT2LMHeadModel,
+        Trainer,
+        TrainerCallback,
+        TrainingArguments,
+        set_seed,
+    )
+
+    from tests.apps.hf_gpt2.train import Sequences, markov_tokens
+
+    conf = Path(__file__).resolve().parents[2] / "tests/apps/hf_gpt2/conf"
+    with initialize_config_dir(str(conf), version_base="1.3"):
+        cfg = compose("train", overrides=[*overrides, f"seed={seed}"])
+    watches: list[InvariantWatch] = []
+
+    class Attach(TrainerCallback):
+        def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
+            watches.append(InvariantWatch(model, getattr(optimizer, "optimizer", optimizer)))
+
+    set_seed(seed)
+    d = cfg.data
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=d.vocab_size, n_positions=d.seq_len, **cfg.model))
+    training = OmegaConf.to_container(cfg.training, resolve=True)
+    training.update(report_to=[], save_strategy="no")
+    folder = tempfile.mkdtemp(prefix="hyprun-inv-hf-")
+    args = TrainingArguments(output_dir=folder, seed=seed, data_seed=d.seed, **training)
+    trainer = Trainer(
+        model=model,
+        args=args,
+        train_dataset=Sequences(
+            markov_tokens(d.vocab_size, d.seq_len, d.n_train, d.seed, d.follow)
+        ),
+        eval_dataset=Sequences(
+            markov_tokens(d.vocab_size, d.seq_len, d.n_eval, d.eval_seed, d.follow)
+        ),
+        callbacks=[Attach()],
+    )
+    trainer.train()
+    found = watches[0].violations(cfg.training.max_steps)
+    return {name: [v.where for v in found[name]] for name in found if found[name]}
+
+
 def main() -> int:
     torch.set_num_threads(1)
     rows = load_corpus().rows
@@ -40,6 +97,11 @@ def main() -> int:
     for base in dict.fromkeys(tuple(row.twin_overrides) for row in rows):
         for seed in SEEDS:
             healthy[f"{' '.join(base) or 'default'} seed={seed}"] = fired(list(base), seed)
+    for overrides in HF_CONFIGS:
+        for seed in SEEDS:
+            healthy[f"hf_gpt2 {' '.join(overrides) or 'as shipped'} seed={seed}"] = fired_hf(
+                overrides, seed
+            )
     for row in rows:
         faults[row.id] = fired(row.fault_overrides, 0)
     alarms = {name: sum(bool(f) for f in healthy.values()) for name in ("any",)}
