@@ -13,7 +13,8 @@
 #   HYPRUN_STORE_WORKERS    the server's worker processes (2)
 #   HYPRUN_STORE_USERS      accounts to create (each: $DIR/users/NAME.env, 0600)
 #   HYPRUN_STORE_EDIT       experiments those accounts may edit (default: hyprun)
-#   MLFLOW_AUTH_ADMIN_PASSWORD  the admin's password; else generated into $DIR/admin.env (0600)
+#   MLFLOW_AUTH_ADMIN_PASSWORD  the admin's password (set it on every run, or never); else generated
+#                           into $DIR/admin.env (0600) on the first run
 #   HYPRUN_STORE_PYTHON     the Python with mlflow, psycopg and Flask-WTF (default: .venv's)
 # No password is ever on a command line or in a URI: PostgreSQL's comes from a pgpass file
 # (PGPASSFILE), the admin's from the environment of the server process.
@@ -128,5 +129,7 @@ if [[ -n ${HYPRUN_STORE_USERS:-} ]]; then
     "$python" -m hyprun.runner.store.team "$uri" \
     "$dir/users" --users ${HYPRUN_STORE_USERS} --edit ${HYPRUN_STORE_EDIT:-hyprun}
 fi
+admin=$dir/admin.env
+[[ -n ${MLFLOW_AUTH_ADMIN_PASSWORD:-} ]] && admin="MLFLOW_AUTH_ADMIN_PASSWORD"
 echo "store up in $((SECONDS - start)) s: MLFLOW_TRACKING_URI=$uri (PostgreSQL :$pg_port," \
-  "artifacts in $artifacts); admin credentials in ${MLFLOW_AUTH_ADMIN_PASSWORD:+the environment}${MLFLOW_AUTH_ADMIN_PASSWORD:-$dir/admin.env}"
+  "artifacts in $artifacts); the admin's password: $admin"
