@@ -884,15 +884,17 @@ def against_diverged(
     blown: list[int],
     bad: list[int],
     diverged: bool,
+    unit: str = "tokens",
 ) -> Verdict:
     """The verdict against a baseline that diverged: the question is no longer "better at
-    matched tokens" (there is nothing finite to match) but "does the divergence go away"."""
+    matched tokens" (there is nothing finite to match) but "does the divergence go away".
+    `unit`: what the curves' steps count, as the reason names them."""
     n_b, n_t = len(baseline), len(test)
     where = max(where_blown(baseline[seed]) for seed in blown)
     reached = min((last_finite_step(points) or 0) for points in test.values())
     base = (
         f"{primary.metric} went NaN/inf in baseline seed(s) {', '.join(map(str, blown))} "
-        f"of {n_b} (by {where:,} tokens)"
+        f"of {n_b} (by {where:,} {unit})"
     )
     if diverged or bad:
         who = f"test seed(s) {', '.join(map(str, bad))}" if bad else "the test (marked)"
@@ -901,7 +903,7 @@ def against_diverged(
     if reached <= where:
         return _diverged_verdict(
             "inconclusive",
-            f"{base}; the test stopped at {reached:,} tokens, before that point",
+            f"{base}; the test stopped at {reached:,} {unit}, before that point",
             reached,
             primary,
             n_b,
@@ -922,7 +924,7 @@ def against_diverged(
     return _diverged_verdict(
         "confirmed",
         f"removes the divergence: {base}; every test seed trained to "
-        f"{reached:,} tokens with a finite {primary.metric}",
+        f"{reached:,} {unit} with a finite {primary.metric}",
         reached,
         primary,
         n_b,
@@ -963,6 +965,7 @@ def compare(
     looks: int = 1,
     design: Design | None = None,
     params: VerdictParams | None = None,
+    unit: str = "tokens",
 ) -> Verdict:
     """The verdict on `test` against `baseline` for the `primary` metric (rule: module docstring).
 
@@ -976,6 +979,7 @@ def compare(
     `design`: the test's sequential design (diag/sequential.py); the look is the one taken with
     the test's seed count. None: the fixed-k rule, one look.
     `params` overrides the table (default: diag/tables/verdict.yaml).
+    `unit`: what the histories' steps count (an app's metric may count steps), as reasons say.
     """
     params = params or load_params()
     if not baseline:
@@ -988,7 +992,7 @@ def compare(
             raise ValueError(f"baseline seed {seed}: no {primary.metric} points")
     bad = sorted(s for s, points in test.items() if has_nonfinite(points))
     if blown:
-        return against_diverged(baseline, test, primary, sorted(blown), bad, diverged)
+        return against_diverged(baseline, test, primary, sorted(blown), bad, diverged, unit)
     if diverged or bad:
         return rejected_as_diverged(baseline, test, primary, bad, diverged)
 

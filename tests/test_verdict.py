@@ -192,6 +192,9 @@ def test_against_a_diverged_baseline_the_question_is_whether_the_divergence_goes
     v = compare(blown, runs({0: 2.9, 1: 2.95}), LOSS)
     assert v.status == "confirmed" and v.reason.startswith("removes the divergence")
     assert "by 2,048 tokens" in v.reason and v.tokens == 4096
+    # an app whose metric counts optimizer steps is told in steps, not tokens
+    in_steps = compare(blown, runs({0: 2.9, 1: 2.95}), LOSS, unit="steps").reason
+    assert "by 2,048 steps" in in_steps and "trained to 4,096 steps" in in_steps
     assert (
         compare(blown, {0: [(1024, 4.0), (2048, math.nan)], 1: [(4096, 3.0)]}, LOSS).status
         == "rejected"

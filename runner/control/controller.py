@@ -1116,6 +1116,7 @@ def decide(
         baseline_diverged=blown,
         looks=looks,
         design=design,
+        unit=state.unit,
     )
     return verdict.to_dict()
 
