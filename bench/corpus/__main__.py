@@ -36,13 +36,20 @@ ORDERS = ("hyprun", "random", "classic")
 
 def orders(row, result: dict[str, Any], rng: np.random.Generator) -> dict[str, Any]:
     """Strikes to the fix under the three orders, simulated from the ranked findings."""
+    useful = sorted(applicable(row.form, row.fault_overrides))
+    detected = result["rank"] is not None and result["rank"] <= 3
+    return simulate(useful, {*row.fix_cards, CODE_FIX}, detected, result["cards"], rng)
+
+
+def simulate(
+    useful: list[str], fix: set[str], detected: bool, found: list[str], rng: np.random.Generator
+) -> dict[str, Any]:
+    """Strikes to a fix in `fix` when testing the findings' cards (`found`, the code fix first
+    where `detected`), the `useful` cards shuffled, or in the classic report's order."""
     from hyprun.hypotheses.schema import load_cards
 
     cards = load_cards()
-    fix = {*row.fix_cards, CODE_FIX}
-    useful = sorted(applicable(row.form, row.fault_overrides))
-    detected = result["rank"] is not None and result["rank"] <= 3
-    hyprun = [CODE_FIX] * detected + [c for c in result["cards"] if c in useful]
+    hyprun = [CODE_FIX] * detected + [c for c in found if c in useful]
     classic = sorted(
         (c for c in useful if cards[c].claimed is not None),
         key=lambda c: (

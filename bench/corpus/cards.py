@@ -12,15 +12,17 @@ from omegaconf import OmegaConf
 from bench.corpus.compose import APPS, app_config
 
 
-def applicable(form: str, overrides: list[str]) -> dict[str, list[str]]:
-    """Every card that changes this config: {card id: its overrides, resolved}."""
+def applicable(form: str, overrides: list[str], folder: Path | None = None) -> dict[str, list[str]]:
+    """Every card that changes this config: {card id: its overrides, resolved}; the app in
+    `folder` (default: the corpus's app of that form)."""
     from hyprun.hypotheses.schema import load_cards
     from hyprun.runner.control.one_variable import resolve_relative
     from hyprun.runner.launch.declaration import load_declaration
     from hyprun.runner.launch.knobs import resolve, translate
 
-    knobs = resolve(load_declaration(Path(APPS, form, "hyprun.yaml")).knobs)
-    config = OmegaConf.to_container(app_config(form, overrides))
+    folder = folder or Path(APPS, form)
+    knobs = resolve(load_declaration(folder / "hyprun.yaml").knobs)
+    config = OmegaConf.to_container(app_config(form, overrides, folder))
     out = {}
     for card_id, card in sorted(load_cards().items()):
         translation = translate(card, knobs, config)

@@ -11,8 +11,9 @@ from omegaconf import DictConfig
 APPS = Path(__file__).with_name("apps")
 
 
-def app_config(form: str, overrides: list[str]) -> DictConfig:
-    with initialize_config_dir(str(APPS / form / "conf"), version_base="1.3"):
+def app_config(form: str, overrides: list[str], folder: Path | None = None) -> DictConfig:
+    """The config of the app in `folder` (default: the corpus's app of that form)."""
+    with initialize_config_dir(str((folder or APPS / form) / "conf"), version_base="1.3"):
         return compose("train", overrides=overrides)
 
 
