@@ -13,7 +13,7 @@ from mlflow.tracking import MlflowClient
 
 from hyprun.runner.cli.main import main as hyprun
 from hyprun.runner.cli.report import write_report
-from hyprun.runner.control import controller
+from hyprun.runner.control import controller, verify
 from hyprun.runner.control.controller import Refused, claim, record_baseline
 from hyprun.runner.control.notify import notify
 from hyprun.runner.control.one_variable import measure
@@ -117,7 +117,7 @@ def test_verdicts_strikes_escalation_and_reset(store, low_lr, workdir, webhook, 
     assert better.verdict["effect"] > 0.01 and not better.verdict.get("early")
     with pytest.raises(BadInput, match="tested already as H1: confirmed"):
         controller.test(store, "low-lr", ["optim.lr=0.01"], WHY)
-    checked = controller.verify(store, "low-lr", "H1")
+    checked = verify.verify(store, "low-lr", "H1")
     assert checked == {"test": "H1", "resolved": ["loss_flat"], "still": [], "new": []}
     # The MLflow UI's view of it: only the changed key as params, the verdict's numbers as
     # metrics at the matched tokens, filterable tags down to the seed runs.
@@ -260,12 +260,12 @@ def test_parallel_claims_never_exceed_the_strikes_left(store, low_lr):
 def test_verify_promotes_the_fix_to_the_baseline(store, low_lr):
     fixed = controller.test(store, "low-lr", ["optim.lr=*100"], WHY, max_seeds=2)
     assert fixed.verdict["status"] == "confirmed"
-    controller.verify(store, "low-lr", None, promote=True)
+    verify.verify(store, "low-lr", None, promote=True)
     state = store.refresh(low_lr)
     assert state.baseline["overrides"][-1] == "optim.lr=0.001"
     assert state.baseline["promoted_from"] == "H1"
     with pytest.raises(BadInput, match="no confirmed hypothesis"):
-        controller.verify(store, "low-lr", "H7")
+        verify.verify(store, "low-lr", "H7")
 
 
 def test_a_a_extra_seeds_posing_as_a_hypothesis_are_never_confirmed(store, low_lr):

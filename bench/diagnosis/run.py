@@ -132,7 +132,7 @@ def _investigate(
     max_seeds: int | None,
 ) -> None:
     from hyprun.hypotheses.schema import load_cards
-    from hyprun.runner.control import controller
+    from hyprun.runner.control import controller, verify
     from hyprun.runner.control.diagnose import diagnose
     from hyprun.runner.errors import BadInput
     from hyprun.runner.store.investigation import Store
@@ -178,7 +178,7 @@ def _investigate(
         if outcome.exit_code == controller.EXIT_ESCALATED or outcome.verdict is None:
             break
         if outcome.verdict["status"] == "confirmed":
-            result["verify"] = controller.verify(store, name, outcome.test)
+            result["verify"] = verify.verify(store, name, outcome.test)
             break
         if store.find(name).escalated:
             break

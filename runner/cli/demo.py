@@ -16,7 +16,7 @@ from rich.rule import Rule
 
 from hyprun.hypotheses.schema import cards_for, load_cards
 from hyprun.runner.cli.where import where_to_look
-from hyprun.runner.control import controller
+from hyprun.runner.control import controller, verify
 from hyprun.runner.control.diagnose import diagnose
 from hyprun.runner.store.investigation import Store, findings_lines
 
@@ -65,7 +65,7 @@ def planted_fault(store: Store, name: str, seeds: int) -> str:
         if outcome.exit_code == controller.EXIT_ESCALATED or outcome.verdict is None:
             break
         if outcome.verdict["status"] == "confirmed":
-            controller.verify(store, name, outcome.test)
+            verify.verify(store, name, outcome.test)
             break
     return name
 

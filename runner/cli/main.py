@@ -236,7 +236,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     """After a confirmed test: the findings its fix removed, and why any still fires."""
-    from hyprun.runner.control.controller import verify
+    from hyprun.runner.control.verify import verify
 
     store = _store(experiment=args.experiment)
     result = verify(store, args.investigation, args.test, args.promote)

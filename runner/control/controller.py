@@ -47,7 +47,6 @@ against the real CLI and a real store):
 from __future__ import annotations
 
 import functools
-import importlib
 import json
 import math
 import os
@@ -64,15 +63,14 @@ from rich.console import Console
 from rich.markup import escape
 
 from hyprun.diag.effect import change, describe, metric_key
-from hyprun.diag.fixed import finding_changes
 from hyprun.diag.metric import MetricSpec
 from hyprun.diag.sequential import Design, plan
-from hyprun.diag.triage import load_tables
-from hyprun.diag.verdict import compare, early_reject, load_params
+from hyprun.diag.verdict import compare, load_params
 from hyprun.hypotheses.schema import Card, load_cards, override_key
 from hyprun.runner import markdown, provenance
 from hyprun.runner.compose import compose, one_line
-from hyprun.runner.control.fixed import card_keys, finding_cards, fixed_lines
+from hyprun.runner.control.early import EarlyRejection, seed_curves
+from hyprun.runner.control.fixed import card_keys, finding_cards
 from hyprun.runner.control.notify import notify
 from hyprun.runner.control.one_variable import Delta, measure
 from hyprun.runner.errors import BadInput, JobsFailed
@@ -999,87 +997,6 @@ def record_verdict(
     return Outcome(0, label.split()[0], verdict)
 
 
-class EarlyRejection:
-    """Watches a test's held-out metric as its seeds train; stops the test once it is clearly
-    worse than the baseline band (hyprun.diag.verdict.early_reject: the reject side of the round's
-    look), saving the rest of its tokens (or steps). `watched`: the metric the seeds report as
-    they train, our job's `eval/loss` or an app's declared metric (runner/launch/watch.py reads
-    it); a test judged on another metric is not stopped early."""
-
-    def __init__(self, store: Store, primary: MetricSpec, watched: str = "eval/loss"):
-        self.store = store
-        self.primary = primary
-        self.enabled = primary.metric == watched
-        self.baseline: dict[int, list[tuple[int, float]]] = {}
-        self.partial: dict[int, list[tuple[int, float]]] = {}
-        self.design: Design | None = None
-        self.stop = None
-        self.budget = 0
-        self.unit = "tokens"
-
-    def start_round(self, state: State, design: Design, baseline_seeds: list[int]) -> None:
-        """The baseline seeds recorded when the round starts are the band it is held to."""
-        self.design = design
-        self.unit = state.unit
-        if self.enabled:
-            runs = [state.baseline_run(s) for s in baseline_seeds]
-            self.baseline = seed_curves(self.store, runs, self.primary.metric)
-            # scipy.stats now (2 s here), not at the first judgement, while an app trains on
-            importlib.import_module("scipy.stats")
-
-    def for_seed(self, seed: int, budget: int):
-        if not self.enabled:
-            return None
-        self.budget = budget
-
-        def on_eval(tokens: int, value: float) -> bool:
-            if tokens >= budget:  # the end is the full look's, as our job never calls it there
-                return False
-            self.partial.setdefault(seed, []).append((tokens, value))
-            self.stop = early_reject(
-                self.baseline,
-                self.partial,
-                self.primary,
-                budget,
-                design=self.design,
-                unit=self.unit,
-            )
-            return self.stop is not None
-
-        return on_eval
-
-    def verdict(self, results: list[JobResult], seeds: int) -> dict[str, Any]:
-        spent = sum(r.trained(self.unit) for r in results)
-        saved = 1.0 - spent / (self.budget * seeds)
-        reason = f"rejected early: {self.stop.reason}"
-        return {
-            **self.numbers(),
-            "status": "rejected",
-            "early": True,
-            "metric": self.primary.metric,
-            "reason": reason,
-            # a verdict's z is effect / noise, positive = better; the stop counts sigmas worse
-            "z": -self.stop.z,
-            "tokens": self.stop.tokens,
-            "tokens_spent": spent,
-            "tokens_saved": saved,
-            "seeds_run": len(results),  # the seeds that trained before the stop, not the plan
-        }
-
-    def numbers(self) -> dict[str, Any]:
-        """The comparison where the test was stopped (effect, noise, both sides' means and
-        spreads), as a full test reports them at its end; None where it has none."""
-        cut = self.stop.tokens
-        base = {s: [p for p in pts if p[0] <= cut] for s, pts in self.baseline.items()}
-        ours = {s: [p for p in pts if p[0] <= cut] for s, pts in self.partial.items()}
-        try:
-            found = compare(base, ours, self.primary).to_dict()
-        except ValueError:  # nothing comparable at the stop mark
-            found = {}
-        keys = ("effect", "noise", "test_value", "test_sigma", "baseline_value", "baseline_sigma")
-        return {key: found.get(key) for key in keys}
-
-
 def decide(
     store: Store,
     state: State,
@@ -1235,46 +1152,6 @@ def escalation_findings(state: State) -> list[str]:
     return lines
 
 
-def verify(store: Store, name: str | None, test_name: str | None, promote: bool = False) -> dict:
-    """Phase 4: re-run the checks that fired on the baseline against the confirmed fix's
-    evidence; optionally make the fixed config the investigation's new baseline."""
-    from hyprun.runner.control.diagnose import diagnose
-
-    state = store.find(name)
-    confirmed = [t for t in state.confirmed if test_name in (None, f"H{t.number}")]
-    if not confirmed:
-        raise BadInput(
-            f"no confirmed hypothesis {test_name or ''} in {state.name!r}: "
-            "verify follows a confirmed test"
-        )
-    test = confirmed[-1]
-    before = diagnose(store.uri, state.baseline["seed_runs"][0], store.experiment)[1]
-    runs = sorted(store.seed_runs(test.evidence_run), key=lambda r: int(r.data.tags["hyprun.seed"]))
-    after = diagnose(store.uri, runs[0].info.run_id, store.experiment)[1]
-    found = finding_changes(before, after, {row.id: row for row in load_tables()})
-    result = {
-        "test": f"H{test.number}",
-        "resolved": [c.id for c in found if c.status == "gone"],
-        "still": [c.id for c in found if c.status != "gone"],
-        "new": [c.id for c in found if c.status == "new"],
-    }
-    store.tag(test.run_id, {"hyprun.verified": ",".join(result["resolved"]) or "none"})
-    lines = fixed_lines(test, found, load_cards(), promote)
-    console.print("\n".join(lines), markup=False)
-    if promote:
-        overrides = [*state.baseline["overrides"], *test.fix]
-        promoted = dict(
-            state.baseline,
-            overrides=overrides,
-            config_hash=drift_key(overrides, app_of(state)),
-            seed_runs=[r.info.run_id for r in runs],
-            promoted_from=f"H{test.number}",
-        )
-        store.tag(state.run_id, {"hyprun.baseline": json.dumps(promoted)})
-        result["promoted"] = True
-    return result
-
-
 def reset(store: Store, name: str | None, by: str, reason: str) -> State:
     """A human's decision after an escalation: recorded on the parent run, strikes start over."""
     if not by.strip() or not reason.strip():
@@ -1307,14 +1184,3 @@ def summary(state: State) -> str:
             + early
         )
     return "\n".join(lines).strip() + "\n"
-
-
-def seed_curves(
-    store: Store, run_ids: list[str], metric: str
-) -> dict[int, list[tuple[int, float]]]:
-    """{seed: history of `metric`} of the given job runs."""
-    curves = {}
-    for run_id in run_ids:
-        seed = int(store.run(run_id).data.tags.get("hyprun.seed", "0"))
-        curves[seed] = store.history(run_id, metric)
-    return curves

@@ -56,10 +56,10 @@ from hyprun.runner.control.controller import (
     refusals_as_outcomes,
     refuse_repeat,
     seed_configs,
-    seed_curves,
     test_design,
     where_tests_run,
 )
+from hyprun.runner.control.early import seed_curves
 from hyprun.runner.control.one_variable import Delta, measure
 from hyprun.runner.errors import BadInput, JobsFailed
 from hyprun.runner.job.result import JobResult
