@@ -91,3 +91,20 @@ def test_another_finding_and_a_new_one_are_told_apart_from_the_tested_one():
     assert "eval_gap_matched_nats -0.4 → -0.5 (fires when < -0.25; away from healthy)" in said
     assert "noisy training labels: check; no card tests it: a human checks" in said
     assert "new on the fix: steps_too_short: step_best_multiple unmeasured → 8" in said
+
+
+def test_on_an_app_the_next_card_is_named_in_its_keys_and_only_cards_that_apply():
+    def in_app_keys(doc: dict) -> dict:
+        for finding in doc["findings"]:  # as diagnose words an app's findings (its knobs)
+            finding["cards"] = ["lr_up_10x"]
+            finding["deltas"] = {"lr_up_10x": ["training.learning_rate=*10"]}
+        return doc
+
+    after = in_app_keys(
+        document(["steps_too_short"], loss_rel_drop=0.201, step_best_multiple=8.0, lr=1e-3)
+    )
+    said = verified(in_app_keys(DEMO_BEFORE), after)
+    assert "'hyprun test lr_up_10x --why ...' (runs training.learning_rate=*10)" in said
+    # a card the app cannot run (no knob) is not offered as the next step
+    after["findings"][0].update(cards=[], deltas={})
+    assert "no card tests it: a human checks" in verified(in_app_keys(DEMO_BEFORE), after)

@@ -12,8 +12,12 @@ from hyprun.runner.store.investigation import Test
 
 
 def finding_cards(finding: dict[str, Any], cards: dict[str, Card]) -> list[str]:
-    """The cards that test a finding: its row's, then those that name it as their trigger."""
+    """The cards that test a finding: its row's, then those that name it as their trigger. On a
+    user's app (the finding carries `deltas`, runner/control/diagnose.py) only the cards that
+    translate into its keys: another needs a knob the app has not declared."""
     named = list(finding.get("cards", []))
+    if "deltas" in finding:
+        return named
     return named + [
         c.id for c in cards.values() if finding["id"] in c.triggers and c.id not in named
     ]
@@ -75,7 +79,9 @@ def _next(name: str, change: FindingChange, mine: bool, cards: dict[str, Card], 
         said = f"{cause}: {finding.get('first_action', '')}"
     if not testing:
         return f"{said}; no card tests it: a human checks"
-    test_it = f"'hyprun test {testing[0]} --why ...'"
+    delta = finding.get("deltas", {}).get(testing[0])
+    runs = f" (runs {' '.join(delta)})" if delta else ""
+    test_it = f"'hyprun test {testing[0]} --why ...'{runs}"
     if promoted:
         return f"{said}; next, on the fixed config (now the baseline): {test_it}"
     return f"{said}; next: 'hyprun verify {name} --promote', then {test_it} on the fixed config"
