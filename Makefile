@@ -20,7 +20,7 @@ FAST := -m "not slow and not slurm and not browser"
 # The browser tests' screenshots (what a user sees in the MLflow UI): CI keeps this folder.
 HYPRUN_SCREENSHOTS ?= .hyprun/screenshots
 
-.PHONY: setup demo test test-fast lint bench bench-commands bench-demo bench-diagnosis bench-truth bench-verdicts bench-split \
+.PHONY: setup demo test test-fast lint bench bench-commands bench-demo bench-diagnosis bench-truth bench-verdicts bench-split bench-apps \
 	bench-faults bench-threads gpu-check clean
 
 $(BIN)/hyprun: pyproject.toml
@@ -87,6 +87,9 @@ bench-split: setup
 
 bench-corpus: setup  # the real-world corpus, tuning half (bench/README.md, "Real-world corpus")
 	OMP_NUM_THREADS=1 $(BIN)/python -m bench.corpus --set tuning
+
+bench-apps: setup  # foreign-app benchmark, tuning set (bench/README.md, "Foreign apps")
+	OMP_NUM_THREADS=1 $(BIN)/python -m bench.apps --set tuning
 
 bench-faults: setup
 	$(BIN)/python -m bench.faults
