@@ -298,7 +298,9 @@ def side_by_side_parser(description: str, steps: int, rounds: int) -> argparse.A
 
 def main(argv: list[str] | None = None) -> None:
     parser = side_by_side_parser(__doc__.splitlines()[0], steps=60, rounds=3)
+    parser.add_argument("--kind", choices=("all", "job", "loop"), default="all", help="sides")
     args = parser.parse_args(argv)
+    sides = [s for s in SIDES if args.kind == "all" or (s.kind == "loop") == (args.kind == "loop")]
     if args.steps <= WARMUP_STEPS or args.rounds < 1:
         parser.error(f"--steps must exceed the {WARMUP_STEPS} warm-up steps, --rounds be >= 1")
     cfg = compose(args.overrides)
@@ -309,7 +311,7 @@ def main(argv: list[str] | None = None) -> None:
         f"{args.steps} steps per side (first {WARMUP_STEPS} dropped); median [min-max] of rounds"
     )
     with tempfile.TemporaryDirectory() as folder:
-        found = measure(SIDES, args.overrides, args.steps, args.rounds, Path(folder))
+        found = measure(sides, args.overrides, args.steps, args.rounds, Path(folder))
         nan = nan_check(args.overrides, Path(folder))
     print_report(found, nan)
 

@@ -228,6 +228,7 @@ class Probe:
         """After a micro-batch's backward, before clipping: checks the loss and, on probed
         steps, measures the gradients (each call overwrites: the last micro-batch of a step
         sees the accumulated gradient, the one the step applies)."""
+        start = time.perf_counter()
         if loss is not None:
             self.note_loss(loss)
         self._close_activations()
@@ -236,7 +237,6 @@ class Probe:
         if self.switches["nan_check"] and unchecked and not _all_finite(unchecked):
             self._diverge()
             return
-        start = time.perf_counter()
         if self.probing and self.switches["gradients"]:
             self._probed.update(self._gradients())
         if self.steps == 0:
@@ -262,9 +262,9 @@ class Probe:
         if self.steps < 2:
             self._first_steps()
         metrics = dict(self._probed)
+        probed = bool(self._probed or self._before)
         if self._before:
             metrics.update(self._parameters())
-            self.schedule.spent(time.perf_counter() - now)
         self._probed, self._before = {}, {}
         self.steps += 1
         self.tokens += self.tokens_per_step or self._step_tokens * self.world
@@ -279,6 +279,8 @@ class Probe:
         if metrics:
             self._log(metrics)
         self._last_end = time.perf_counter()  # the probe's own work is not waiting for data
+        if probed:  # the probe's work on this step, its logging included, counts to the cap
+            self.schedule.spent(self._last_end - now)
 
     def log_eval(self, loss: float) -> None:
         """A held-out loss at the current step, as `eval/loss`."""
