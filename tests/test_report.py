@@ -4,6 +4,7 @@ plots, escaping, and a baseline recorded before triage existed."""
 
 from __future__ import annotations
 
+import getpass
 import json
 from html.parser import HTMLParser
 from pathlib import Path
@@ -326,7 +327,11 @@ def test_the_report_holds_every_section_with_the_tests_numbers(report):
         "- **Tokens on tests**: 27,648 spent (+4,096 on baseline seeds added by rounds), "
         "13,312 saved" in md
     )
-    assert '- **H2**: I think <b>the LR</b> is "off" \\| because & flat → rejected early' in md
+    by = getpass.getuser()  # hyprun.user: the login name on a store without accounts
+    assert (
+        f'- **H2 (by {by})**: I think <b>the LR</b> is "off" \\| because & flat → rejected early'
+        in md
+    )
 
     images = sorted(p.name for p in out.glob("*.png"))
     assert images == [
