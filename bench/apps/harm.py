@@ -1,0 +1,74 @@
+"""`python -m bench.apps.harm --set SET --workdir DIR`: how much each scored fault entry hurt,
+measured after the fact beside its score (it changes no score): the final metric of the fault's
+two baseline seeds (read from the benchmark's MLflow files in DIR) against its clean twin's
+(twin_of: the same base, setting and data seed, the fault not planted), trained now, same seeds.
+A fault that does no harm at this budget leaves nothing to diagnose (bench/diagnosis's HARM).
+Writes results/harm_SET.json."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from bench.apps.__main__ import RESULTS, ROOT
+from bench.apps.run import EXPERIMENT, SEEDS, entry_overrides, folder_of
+from bench.apps.schema import load_table, twin_of
+from bench.apps.split import SETS, SPLIT, load_split
+from bench.corpus.split import sha256
+from bench.diagnosis.run import inside, worker_setup
+
+
+def finals(store, name: str, metric: str) -> list[float]:
+    """The last logged value of `metric` on each baseline seed of investigation `name`."""
+    state = store.find(name)
+    out = []
+    for run_id in state.baseline["seed_runs"]:
+        history = store.client.get_metric_history(run_id, metric)
+        out.append(max(history, key=lambda m: m.step).value if history else float("inf"))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.apps.harm", description=__doc__)
+    parser.add_argument("--set", choices=SETS, required=True, dest="set_name")
+    parser.add_argument("--workdir", required=True, help="the benchmark run's --workdir")
+    args = parser.parse_args(argv)
+    from hyprun.runner.control import controller
+    from hyprun.runner.launch.app import HydraApp
+    from hyprun.runner.launch.declaration import load_declaration
+    from hyprun.runner.provenance import git_state
+    from hyprun.runner.store.investigation import Store
+
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    worker_setup(1, git_state()[0])
+    table, rows = load_table(), []
+    for entry in [e for e in load_split()[args.set_name] if e.family]:
+        form = table.forms[entry.form]
+        metric = load_declaration(folder_of(form.app) / "hyprun.yaml").metric.name
+        name = entry.id.replace("/", "-")
+        folder = Path(args.workdir, f"{name}-{entry.seed}").resolve()
+        fault = finals(Store(f"sqlite:///{folder}/mlflow.db", EXPERIMENT), name, metric)
+        twin_folder = folder.with_name(folder.name + "-twin")
+        seed = entry_overrides(table, entry)[-1]
+        with inside(twin_folder):
+            store = Store(f"sqlite:///{twin_folder}/mlflow.db", EXPERIMENT)
+            twin_overrides = [*twin_of(table, entry), seed]
+            app = HydraApp.load(form.app)
+            controller.record_baseline(store, name, twin_overrides, SEEDS, "twin", app=app)
+            twin = finals(store, name, metric)
+        change = statistics.fmean(fault) / statistics.fmean(twin) - 1
+        rows.append({"id": entry.id, "fault": fault, "twin": twin, "change": change})
+        print(f"{entry.id}: fault {fault} twin {twin} change {change:+.1%}", flush=True)
+    meta = {"date": time.strftime("%Y-%m-%d %H:%M %Z"), "split_sha256": sha256(SPLIT)}
+    out = RESULTS / f"harm_{args.set_name}.json"
+    out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
