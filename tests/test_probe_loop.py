@@ -174,7 +174,9 @@ class Unused(torch.nn.Module):
         return self.gpt(x, y)
 
 
-def live_run(model, optimizer, steps: int = 3, clip: float | None = None, schedule=None) -> dict:
+def live_run(
+    uri: str, model, optimizer, steps: int = 3, clip: float | None = None, schedule=None
+) -> dict:
     probe = Probe(model, optimizer, every_steps=0)
     for x, y in batches(steps):
         loss = model(x, y)
@@ -187,7 +189,8 @@ def live_run(model, optimizer, steps: int = 3, clip: float | None = None, schedu
         if schedule is not None:
             schedule.step()
     probe.close()
-    tags = MlflowClient().get_run(probe.run_id).data.tags
+    # the store named, not the process's current one (another test may have set it)
+    tags = MlflowClient(uri).get_run(probe.run_id).data.tags
     return {c["id"]: c for c in json.loads(tags[L0_TAG])}
 
 
@@ -195,7 +198,7 @@ def test_l0_checks_read_the_live_optimizer_and_model(uri):
     model = Unused()
     late = [p for n, p in model.named_parameters() if n.startswith("gpt.blocks.1.")]
     early = [p for n, p in model.named_parameters() if not n.startswith("gpt.blocks.1.")]
-    checks = live_run(model, torch.optim.AdamW(early, lr=1e-3, weight_decay=0.1))
+    checks = live_run(uri, model, torch.optim.AdamW(early, lr=1e-3, weight_decay=0.1))
     assert checks["optimizer_coverage"]["status"] == "fail" and late
     assert "gpt.blocks.1." in checks["optimizer_coverage"]["why"]
     assert checks["gradient_reach"]["status"] == "warn"
@@ -210,7 +213,7 @@ def test_a_warmup_and_clipping_are_seen_at_work(uri):
     model = gpt()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     ramp = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / 10))
-    checks = live_run(model, optimizer, clip=1e-3, schedule=ramp)
+    checks = live_run(uri, model, optimizer, clip=1e-3, schedule=ramp)
     assert checks["warmup"]["status"] == "pass" and checks["grad_clip"]["status"] == "pass"
     assert checks["grad_clip"]["value"] == pytest.approx(1e-3, rel=1e-3)  # the norm it left
     assert checks["lr_plausible"]["value"] == 1e-3  # the peak, not the ramp's first LR
