@@ -153,6 +153,9 @@ def test_diagnose_judges_what_a_probe_recorded_and_names_what_it_did_not(
     # L0 from the live optimizer: the Trainer's AdamW, its LR and clipping, read at step 0.
     static = {c["id"]: c for c in document["static"]}
     assert static["lr_plausible"]["value"] == pytest.approx(3e-3)
+    # judged as AdamW, not as Accelerate's wrapper around it (a band, a warmup, betas)
+    for check in ("lr_plausible", "warmup", "adam_betas", "weight_decay"):
+        assert static[check]["status"] != "skip", static[check]
     assert static["grad_clip"]["value"] == 0.5 and static["optimizer_coverage"]["value"] == 0
     why = document["why_unmeasured"]
     scan = next(k for k in why if k.startswith("step/loss_x"))  # no eval set: no scan batch

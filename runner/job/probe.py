@@ -764,6 +764,15 @@ def _to_device(batch: Any, device: torch.device) -> Any:
     return batch
 
 
+def unwrapped(optimizer: Any) -> Any:
+    """The torch optimizer a trainer's wrapper holds in `.optimizer` (Accelerate's
+    AcceleratedOptimizer under the HF Trainer, Lightning's LightningOptimizer): its class is the
+    family the L0 bands are kept for."""
+    while isinstance(getattr(optimizer, "optimizer", None), torch.optim.Optimizer):
+        optimizer = optimizer.optimizer
+    return optimizer
+
+
 def read_optimizer(facts: LiveFacts, optimizer: Any, named: list[tuple[str, nn.Parameter]]) -> None:
     """The optimizer's class, peak and current LR, weight decay, betas; the 1-D parameters it
     decays and the trainable ones it does not hold (a torch optimizer's groups only: a
@@ -772,7 +781,7 @@ def read_optimizer(facts: LiveFacts, optimizer: Any, named: list[tuple[str, nn.P
     if not groups:
         return
     first = groups[0]
-    facts.optimizer = type(optimizer).__name__
+    facts.optimizer = type(unwrapped(optimizer)).__name__
     facts.first_lr = float(first["lr"])
     facts.peak_lr = float(first.get("max_lr") or first.get("initial_lr") or first["lr"])
     facts.weight_decay = max(float(g.get("weight_decay", 0.0) or 0.0) for g in groups)
