@@ -65,14 +65,15 @@ def modules_training_at_eval(training: Mapping[str, bool]) -> list[Violation]:
     ]
 
 
-def stale_gradients(norm_at_step_start: Sequence[float]) -> list[Violation]:
-    """Optimizer steps that began with a gradient left over from an earlier one. Hook: before
-    the first backward of each optimizer step (the first training forward after a step), the
-    norm of the `.grad`s already there (None counts as 0): a tensor hook on each parameter
-    reads its .grad on the first backward after a step, before the new gradient is added."""
+def stale_gradients(norm_at_step_start: Mapping[int, float]) -> list[Violation]:
+    """Optimizer steps that began with a gradient left over from an earlier one.
+    `norm_at_step_start`: by optimizer step, the norm of the `.grad`s already there when that
+    step's first backward reached each parameter (None counts as 0). Hook: a tensor hook on
+    each parameter reads its .grad on the first backward after a step, before the new gradient
+    is added (later backwards of the same step accumulate on purpose)."""
     return [
         Violation("grads_reset_between_steps", f"step {step}", f"|grad| = {norm:.3g} at start")
-        for step, norm in enumerate(norm_at_step_start)
+        for step, norm in norm_at_step_start.items()
         if not math.isfinite(norm) or norm > STALE_GRAD_TOL
     ]
 

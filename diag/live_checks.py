@@ -7,13 +7,17 @@ bands and texts of the job's L0 checks (diag/static.py, tables/static.yaml): the
 in the shape of a job config and the same check functions read it, so an LR band or a
 weight-decay range means the same for an app as for the built-in job. Two checks only a live
 run can make have rows of their own: trainable parameters missing from the optimizer, and
-trainable parameters the first backward gave no gradient.
+trainable parameters the first backward gave no gradient; and the invariants of
+hyprun.diag.invariants read over the whole run (gradients reset between steps, modules in
+train mode while training and in eval mode while evaluating, most parameters frozen, the LR
+schedule collapsing, replicas disagreeing), each check named by the cause it proves.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from hyprun.diag import invariants
 from hyprun.diag.rules import static_table
 from hyprun.diag.static import (
     Check,
@@ -68,6 +72,23 @@ class LiveFacts:
     """The model's width (hidden size) for the LR band; None: the band's reference width."""
     heads: int | None = None
     """Attention heads, when the model says (the betas advice is for transformers)."""
+    stale_grads: dict[int, float] = field(default_factory=dict)
+    """By checked optimizer step: the norm of the gradients already there at its first
+    backward (0 when zero_grad ran)."""
+    eval_at_train: list[str] = field(default_factory=list)
+    """Dropout/batch-norm modules in eval mode at a forward an optimizer step trained on."""
+    train_at_eval: list[str] = field(default_factory=list)
+    """Dropout/batch-norm modules in train mode at a forward without gradients (evaluation)."""
+    trainable_elements: int = 0
+    """Parameter elements with requires_grad, at attach."""
+    total_elements: int = 0
+    """All parameter elements, at attach."""
+    lrs: list[float] = field(default_factory=list)
+    """The LR (group 0) after each optimizer step so far."""
+    total_steps: int | None = None
+    """The run's optimizer steps, when told (Probe(total_steps=), a trainer's max_steps)."""
+    replica_checksums: list[float] | None = None
+    """Each rank's float64 parameter sum after the first step (None: one process)."""
 
 
 def as_job_config(facts: LiveFacts) -> dict:
@@ -102,8 +123,45 @@ def live_checks(facts: LiveFacts) -> list[Check]:
         _tokens_per_step(facts, rules["tokens_per_step"]),
         _named_list(rules["optimizer_coverage"], facts.missing_from_optimizer, "missing", "fail"),
         _named_list(rules["gradient_reach"], facts.no_grad, "no_grad", "warn"),
+        *invariant_checks(facts, rules),
     ]
     return checks
+
+
+def invariant_checks(facts: LiveFacts, rules: dict) -> list[Check]:
+    """The run-long invariants (hyprun.diag.invariants), one check each, named by the cause a
+    violation proves; `fail` where the violation is the fault itself, `warn` where it is only
+    a risk (most parameters frozen is also what fine-tuning does on purpose)."""
+    stale = invariants.stale_gradients(facts.stale_grads)
+    collapse = (
+        invariants.schedule_collapse(facts.lrs, facts.total_steps) if facts.total_steps else None
+    )
+    replicas = (
+        invariants.replicas_disagree(facts.replica_checksums)
+        if facts.replica_checksums is not None
+        else None
+    )
+    frozen = invariants.mostly_frozen(facts.trainable_elements, facts.total_elements)
+    return [
+        _violations(rules["grads_not_reset"], stale if facts.stale_grads else None, "fail"),
+        _named_list(rules["eval_mode_in_training"], facts.eval_at_train, "eval_mode", "fail"),
+        _named_list(rules["eval_in_train_mode"], facts.train_at_eval, "train_mode", "fail"),
+        _violations(rules["params_frozen"], frozen if facts.total_elements else None, "warn"),
+        _violations(rules["lr_schedule_collapse"], collapse, "fail"),
+        _violations(rules["replicas_disagree"], replicas, "fail"),
+    ]
+
+
+def _violations(rule: dict, found: list[invariants.Violation] | None, status: str) -> Check:
+    """None: nothing to judge (skip); empty: the invariant held (pass); else the first one."""
+    if found is None:
+        return _check(rule, "skip", "skip", None, "not measured")
+    if not found:
+        return _check(rule, "pass", "pass", 0, "none")
+    first = found[0]
+    return _check(
+        rule, status, "violated", len(found), "none", where=first.where, evidence=first.evidence
+    )
 
 
 def _check(rule: dict, status: str, case: str, value, threshold: str, **fields) -> Check:

@@ -189,6 +189,20 @@ class GradientReach(Rule):
     outcomes = ("pass", "no_grad")
 
 
+class EvalAtTrain(Rule):
+    outcomes = ("pass", "eval_mode")
+
+
+class TrainAtEval(Rule):
+    outcomes = ("pass", "train_mode")
+
+
+class Invariant(Rule):
+    """A run-long invariant of hyprun.diag.invariants: held, not measured, or violated."""
+
+    outcomes = ("pass", "skip", "violated")
+
+
 class Checks(Strict):
     """One entry per L0 check, in the order `hyprun check` runs them."""
 
@@ -211,6 +225,12 @@ class Checks(Strict):
     allreduce_time: AllreduceTime
     optimizer_coverage: OptimizerCoverage
     gradient_reach: GradientReach
+    grads_not_reset: Invariant
+    eval_mode_in_training: EvalAtTrain
+    eval_in_train_mode: TrainAtEval
+    params_frozen: Invariant
+    lr_schedule_collapse: Invariant
+    replicas_disagree: Invariant
 
 
 class BytesPerParam(Strict):

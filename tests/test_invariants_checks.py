@@ -20,8 +20,8 @@ def test_modules_still_training_at_an_eval_forward_are_named():
 
 
 def test_a_gradient_left_over_at_a_steps_start_breaks_the_reset_invariant():
-    assert inv.stale_gradients([0.0, 0.0, 0.0]) == []
-    stale = inv.stale_gradients([0.0, 0.41, 0.0, math.nan])  # zero_grad skipped after step 0
+    assert inv.stale_gradients({0: 0.0, 1: 0.0, 2: 0.0}) == []
+    stale = inv.stale_gradients({0: 0.0, 1: 0.41, 2: 0.0, 3: math.nan})  # no zero_grad at 1
     assert [v.where for v in stale] == ["step 1", "step 3"]
 
 

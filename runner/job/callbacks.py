@@ -55,7 +55,7 @@ def _trainer_callback() -> type:
             if clip > 0 and not args.deepspeed:
                 self.max_grad_norm, args.max_grad_norm = clip, 0.0
             optimizer = kwargs.get("optimizer")  # read for the LR; stepped by the Trainer
-            options = {"grad_clip": clip, **self.options}
+            options = {"grad_clip": clip, "total_steps": state.max_steps or None, **self.options}
             trainer = _calling_trainer()
             loader = kwargs.get("eval_dataloader")  # set once an evaluation ran
             if trainer is not None and trainer.eval_dataset and loader is None:
@@ -110,6 +110,7 @@ def _lightning_callback() -> type:
             # Lightning hands the batch and the loss to callbacks, and steps the optimizer
             # itself: the probe does not hook the forward or the optimizer here.
             options = {"grad_clip": float(trainer.gradient_clip_val or 0.0), **self.options}
+            options.setdefault("total_steps", trainer.max_steps if trainer.max_steps > 0 else None)
             if "heldout" not in options:
                 options["heldout"] = _val_batch(trainer)
                 options.setdefault("loss_fn", _training_step_loss)

@@ -48,6 +48,7 @@ from hyprun.diag.features import SCAN_TAG
 from hyprun.diag.live_checks import L0_TAG, LiveFacts, live_checks
 from hyprun.diag.spikes import SpikeDetector
 from hyprun.runner.job import stop
+from hyprun.runner.job.invariant_hooks import InvariantHooks, parameter_checksums
 
 STEP_UNITS = ("tokens", "steps")
 NO_HELDOUT = "no held-out batch was given (Probe(..., heldout=batch))"
@@ -81,12 +82,17 @@ class Probe:
         tuple; a scalar tensor, `.loss` or `["loss"]` of what it returns).
     grad_clip: the clipping threshold the loop applies (0: none), for the L0 clipping check;
         None: judged from what the first step shows (trainer callbacks pass their trainer's).
+    total_steps: the run's optimizer steps, when known (trainer callbacks pass max_steps): the
+        LR schedule collapse check needs it; None: that check is skipped.
     tracker: where to log (default: hyprun.runner.store.tracking.open_app_run, on rank 0 only).
 
     At its first two optimizer steps the probe also reads what the optimizer and model say
     (LR and schedule, weight decay, clipping, parameters missing from the optimizer or
     without a gradient) and records the L0 checks of hyprun.diag.live_checks on the run (tag
-    `hyprun.l0_checks`), which `hyprun diagnose` reads as it reads the job's.
+    `hyprun.l0_checks`), which `hyprun diagnose` reads as it reads the job's. Hooks keep
+    reading the invariants of hyprun.diag.invariants over the run (runner/job/invariant_hooks.py:
+    gradients reset between steps, dropout/batch-norm modes, the LR against `total_steps`,
+    replicas after the first step), and the checks are recorded again at `close()`.
     """
 
     def __init__(
@@ -112,6 +118,7 @@ class Probe:
         heldout: Any = None,
         loss_fn: Callable[[nn.Module, Any], Any] | None = None,
         grad_clip: float | None = None,
+        total_steps: int | None = None,
         watch_forward: bool = True,
         hook_optimizer: bool = True,
         tracker=None,
@@ -194,6 +201,9 @@ class Probe:
         self.facts: LiveFacts | None = None
         """What the optimizer and model said at the first steps (the L0 checks' input)."""
         self._grad_clip = grad_clip
+        self.total_steps = total_steps
+        self.invariants = InvariantHooks(model, self._reads_stale_grads)
+        """The run-long invariants' hooks (mode modules, gradients left over, LRs)."""
         self.schedule = probes.ProbeSchedule(every_steps, max_overhead, free_probes)
         self._decided_step, self._probing = -1, False
         self._closed = False
@@ -266,6 +276,9 @@ class Probe:
         if self._before:
             metrics.update(self._parameters())
         self._probed, self._before = {}, {}
+        self.invariants.stepped(self.optimizer)
+        if self.steps == 0 and self.facts is not None and self.world > 1:
+            self.facts.replica_checksums = parameter_checksums([p for _, p in self.named])
         self.steps += 1
         self.tokens += self.tokens_per_step or self._step_tokens * self.world
         self._step_tokens, self._step_started = 0, False
@@ -294,8 +307,9 @@ class Probe:
         stop.release(self)
         for handle in self._handles:
             handle.remove()
+        self.invariants.remove()
         self._close_activations()
-        if self.facts is not None and self.steps == 1:  # one step: judged without a second LR
+        if self.facts is not None and self.steps >= 1:  # the run-long invariants, as they ended
             self._log_checks()
         if self._tracker is not None:
             status = "FAILED" if self.diverged else "FINISHED"
@@ -407,9 +421,12 @@ class Probe:
         try:
             batch = self._heldout_batch()
             data = [p.data for p in params]
+            self.invariants.own_forward = True  # not the loop's evaluation
             return self._scan(self.model, data, delta, lambda: self._loss(batch))
         except Exception as error:  # whatever the user's forward raises on this batch
             return self._scan_stops(f"the held-out forward failed: {type(error).__name__}: {error}")
+        finally:
+            self.invariants.own_forward = False
 
     def _scan_stops(self, reason: str) -> dict[str, float]:
         self.scan_off = reason
@@ -469,9 +486,17 @@ class Probe:
         grads = [(n, g) for n, p in self.named if (g := _full_grad(p)) is not None]
         return probes.grouped_norms(grads)[0] if grads else None
 
+    def _reads_stale_grads(self, step: int) -> bool:
+        """Whether step `step`'s first backward reads the gradients left over: the first three
+        steps and every `every_steps` (a fixed rule: a pass over the .grads that exist)."""
+        if any(_uses_deepspeed(p) for _, p in self.named[:1]):
+            return False  # the engine owns and resets its gradients
+        return step < 3 or bool(self.every_steps and step % self.every_steps == 0)
+
     def _log_checks(self) -> None:
         if self.facts is None or not self.facts.optimizer:
             return  # no optimizer the probe can read: no L0 check
+        read_invariants(self.facts, self.invariants, self.total_steps)
         checks = [asdict(c) for c in live_checks(self.facts)]
         if tracker := self._open():
             tracker.set_tags({L0_TAG: json.dumps(checks, default=str)})
@@ -793,6 +818,15 @@ def read_optimizer(facts: LiveFacts, optimizer: Any, named: list[tuple[str, nn.P
     decayed = {id(p) for g in groups if g.get("weight_decay", 0.0) for p in g["params"]}
     facts.missing_from_optimizer = [n for n, p in named if id(p) not in held]
     facts.decayed_norms_biases = [n for n, p in named if p.dim() <= 1 and id(p) in decayed]
+
+
+def read_invariants(facts: LiveFacts, hooks: InvariantHooks, total_steps: int | None) -> None:
+    """What the invariant hooks saw so far, into the facts the L0 checks read."""
+    facts.stale_grads = dict(hooks.stale)
+    facts.eval_at_train = sorted(hooks.eval_at_train)
+    facts.train_at_eval = sorted(hooks.train_at_eval)
+    facts.trainable_elements, facts.total_elements = hooks.trainable_elements, hooks.total_elements
+    facts.lrs, facts.total_steps = list(hooks.lrs), total_steps
 
 
 def read_model(facts: LiveFacts, model: nn.Module) -> None:

@@ -1,0 +1,136 @@
+"""The run-long invariants the probe reads (runner/job/invariant_hooks.py -> diag/live_checks.py):
+each check on crafted facts, then one real loop per invariant with its bug planted, a healthy
+loop that passes them all, and the diagnosis naming the corpus cause id."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+from mlflow.tracking import MlflowClient
+from torch import nn
+
+from hyprun.diag.evidence import Evidence
+from hyprun.diag.live_checks import L0_TAG, LiveFacts, live_checks
+from hyprun.diag.triage import triage
+from hyprun.runner.job.probe import Probe
+
+STEPS = 8
+
+
+def by_id(facts: LiveFacts) -> dict[str, str]:
+    return {c.id: c.status for c in live_checks(facts)}
+
+
+def healthy_facts(**changes) -> LiveFacts:
+    facts = LiveFacts(optimizer="AdamW", peak_lr=1e-3, first_lr=1e-4, second_lr=2e-4)
+    facts.stale_grads = {0: 0.0, 1: 0.0, 2: 0.0}
+    facts.trainable_elements = facts.total_elements = 1000
+    for name, value in changes.items():
+        setattr(facts, name, value)
+    return facts
+
+
+def test_each_invariant_check_passes_healthy_facts_and_fails_the_violated_one():
+    healthy = by_id(healthy_facts())
+    assert healthy["grads_not_reset"] == healthy["eval_mode_in_training"] == "pass"
+    assert healthy["eval_in_train_mode"] == healthy["params_frozen"] == "pass"
+    assert healthy["lr_schedule_collapse"] == healthy["replicas_disagree"] == "skip"
+    assert by_id(healthy_facts(stale_grads={0: 0.0, 1: 0.3}))["grads_not_reset"] == "fail"
+    assert by_id(healthy_facts(eval_at_train=["drop"]))["eval_mode_in_training"] == "fail"
+    assert by_id(healthy_facts(train_at_eval=["drop"]))["eval_in_train_mode"] == "fail"
+    assert by_id(healthy_facts(trainable_elements=10))["params_frozen"] == "warn"  # 99% frozen
+    decayed = [1e-3 * 0.1**step for step in range(STEPS)]  # per-batch decay of a per-epoch one
+    collapse = healthy_facts(lrs=decayed, total_steps=100)
+    assert by_id(collapse)["lr_schedule_collapse"] == "fail"
+    cosine = healthy_facts(lrs=[1e-3] * 50 + [1e-5] * 50, total_steps=100)  # late: allowed
+    assert by_id(cosine)["lr_schedule_collapse"] == "pass"
+    assert by_id(healthy_facts(replica_checksums=[1.0, 1.0]))["replicas_disagree"] == "pass"
+    assert by_id(healthy_facts(replica_checksums=[1.0, 1.5]))["replicas_disagree"] == "fail"
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.body = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Dropout(0.1), nn.Linear(16, 1))
+
+    def forward(self, x, y):
+        return nn.functional.mse_loss(self.body(x), y)
+
+
+def loop(uri: str, bug: str = "", total_steps: int | None = None) -> dict[str, dict]:
+    """A plain loop with one bug planted; the L0 checks the probe recorded, by id."""
+    model = Net()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    step_size = 1 if bug == "scheduler_per_batch" else 100
+    schedule = torch.optim.lr_scheduler.StepLR(optimizer, step_size, gamma=0.01)
+    probe = Probe(model, optimizer, step_unit="steps", every_steps=0, total_steps=total_steps)
+    rng = torch.Generator().manual_seed(1)
+    for step in range(STEPS):
+        x = torch.randn(4, 8, generator=rng)
+        for _ in range(2):  # two accumulation micro-batches: the second adds on purpose
+            loss = model(x, x.sum(1, keepdim=True)) / 2
+            loss.backward()
+        probe.after_backward(loss)
+        optimizer.step()
+        if bug != "zero_grad_missing":
+            optimizer.zero_grad()
+        schedule.step()
+        if step == 1:  # an evaluation
+            if bug != "eval_without_eval_mode":
+                model.eval()
+            with torch.no_grad():
+                model(x, x.sum(1, keepdim=True))
+            if bug != "eval_mode_left_on":
+                model.train()
+    probe.close()
+    tags = MlflowClient(uri).get_run(probe.run_id).data.tags
+    return {c["id"]: c for c in json.loads(tags[L0_TAG])}
+
+
+@pytest.fixture
+def uri(workdir, monkeypatch) -> str:
+    monkeypatch.delenv("MLFLOW_RUN_ID", raising=False)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{workdir}/mlflow.db")
+    return os.environ["MLFLOW_TRACKING_URI"]
+
+
+INVARIANTS = ["grads_not_reset", "eval_mode_in_training", "eval_in_train_mode"]
+
+
+def test_a_healthy_loop_with_accumulation_and_evaluation_breaks_no_invariant(uri):
+    checks = loop(uri, total_steps=STEPS)
+    statuses = {k: checks[k]["status"] for k in [*INVARIANTS, "lr_schedule_collapse"]}
+    assert set(statuses.values()) == {"pass"}, statuses
+    assert checks["params_frozen"]["status"] == "pass"
+
+
+@pytest.mark.parametrize(
+    ("bug", "check"),
+    [
+        ("zero_grad_missing", "grads_not_reset"),
+        ("eval_mode_left_on", "eval_mode_in_training"),
+        ("eval_without_eval_mode", "eval_in_train_mode"),
+        ("scheduler_per_batch", "lr_schedule_collapse"),
+    ],
+)
+def test_each_planted_bug_fails_its_own_check_and_only_it(uri, bug, check):
+    checks = loop(uri, bug, total_steps=STEPS)
+    assert checks[check]["status"] == "fail", checks[check]
+    others = [k for k in [*INVARIANTS, "lr_schedule_collapse"] if k != check]
+    assert all(checks[k]["status"] == "pass" for k in others), {k: checks[k] for k in others}
+
+
+def test_the_schedule_check_is_skipped_without_the_budget(uri):
+    assert loop(uri, "scheduler_per_batch")["lr_schedule_collapse"]["status"] == "skip"
+
+
+def test_a_failed_invariant_is_a_finding_named_by_the_corpus_cause_id():
+    checks = [c.__dict__ for c in live_checks(healthy_facts(stale_grads={0: 0.0, 1: 0.3}))]
+    diagnosis = triage(Evidence(static=checks))
+    assert diagnosis.findings[0].id == "grads_not_reset"
+    frozen = [c.__dict__ for c in live_checks(healthy_facts(trainable_elements=10))]
+    assert not triage(Evidence(static=frozen)).findings  # a warning alone is no finding
