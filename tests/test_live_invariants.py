@@ -132,5 +132,32 @@ def test_a_failed_invariant_is_a_finding_named_by_the_corpus_cause_id():
     checks = [c.__dict__ for c in live_checks(healthy_facts(stale_grads={0: 0.0, 1: 0.3}))]
     diagnosis = triage(Evidence(static=checks))
     assert diagnosis.findings[0].id == "grads_not_reset"
+    # zero_grad() leaves a parameter outside the optimizer alone: named by the cause, once
+    both = healthy_facts(stale_grads={0: 0.0, 1: 0.3}, missing_from_optimizer=["head.w"])
+    findings = triage(Evidence(static=[c.__dict__ for c in live_checks(both)])).findings
+    assert [f.id for f in findings] == ["params_not_in_optimizer"]
     frozen = [c.__dict__ for c in live_checks(healthy_facts(trainable_elements=10))]
     assert not triage(Evidence(static=frozen)).findings  # a warning alone is no finding
+
+
+def _checksums_of_rank(rank: int, init_file: str, out: str) -> None:
+    from hyprun.runner.job.invariant_hooks import parameter_checksums
+
+    torch.distributed.init_process_group("gloo", f"file://{init_file}", rank=rank, world_size=2)
+    model = Net()  # the same seed on both ranks: replicas
+    agreeing = parameter_checksums(list(model.parameters()))
+    if rank == 1:  # a rank-local step, as a model outside DDP takes
+        model.body[0].bias.data += 1e-3
+    diverged = parameter_checksums(list(model.parameters()))
+    if rank == 0:
+        torch.save([agreeing, diverged], out)
+    torch.distributed.destroy_process_group()
+
+
+def test_replicas_are_compared_across_two_gloo_processes(workdir):
+    out = str(workdir / "sums.pt")
+    torch.multiprocessing.spawn(_checksums_of_rank, args=(str(workdir / "init"), out), nprocs=2)
+    agreeing, diverged = torch.load(out)
+    assert by_id(healthy_facts(replica_checksums=agreeing))["replicas_disagree"] == "pass"
+    assert by_id(healthy_facts(replica_checksums=diverged))["replicas_disagree"] == "fail"
+    assert healthy_facts().replica_checksums is None  # one process: skipped (see above)

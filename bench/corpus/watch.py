@@ -39,10 +39,10 @@ class InvariantWatch:
         hooks = self.hooks
         return {
             "train_mode_while_training": invariants.modules_not_training(
-                dict.fromkeys(hooks.eval_at_train, False)
+                dict.fromkeys(sorted(hooks.eval_at_train), False)
             ),
             "eval_mode_while_evaluating": invariants.modules_training_at_eval(
-                dict.fromkeys(hooks.train_at_eval, True)
+                dict.fromkeys(sorted(hooks.train_at_eval), True)
             ),
             "grads_reset_between_steps": invariants.stale_gradients(hooks.stale),
             "every_trainable_param_gets_a_gradient": invariants.params_without_gradient(
