@@ -1,8 +1,9 @@
-"""The invariants' false alarms on healthy runs and what they see on the corpus's faults
-(python -m bench.corpus.invariant_rates): diag/invariants.py through bench/corpus/watch.py's
-hooks on the corpus app, every distinct clean twin on seeds 0 and 1, and the Hugging Face
-Trainer app of tests/apps/hf_gpt2 (the healthy populations), and every row's fault on seed 0.
-Writes results/invariants.json and .md.
+"""The invariants' false alarms on healthy runs and what they see on the corpus's faults (python -m
+bench.corpus.invariant_rates): diag/invariants.py through the probe's hooks
+(runner/job/invariant_hooks.py, via bench/corpus/watch.py, every step read) on the corpus app,
+every distinct clean twin on seeds 0 and 1, and the Hugging Face Trainer app of
+tests/apps/hf_gpt2 (the healthy populations), and every row's fault on seed 0. Writes
+results/invariants.json and .md.
 
 Read with care: the invariants were written knowing the whole corpus (both halves), so what
 they see on its faults is in-sample; the false-alarm rate on the clean twins is the figure
