@@ -140,24 +140,33 @@ def test_a_failed_invariant_is_a_finding_named_by_the_corpus_cause_id():
     assert not triage(Evidence(static=frozen)).findings  # a warning alone is no finding
 
 
-def _checksums_of_rank(rank: int, init_file: str, out: str) -> None:
-    from hyprun.runner.job.invariant_hooks import parameter_checksums
-
+def _probe_on_rank(rank: int, init_file: str, uri: str, out: str) -> None:
+    os.environ["MLFLOW_TRACKING_URI"] = uri
     torch.distributed.init_process_group("gloo", f"file://{init_file}", rank=rank, world_size=2)
-    model = Net()  # the same seed on both ranks: replicas
-    agreeing = parameter_checksums(list(model.parameters()))
-    if rank == 1:  # a rank-local step, as a model outside DDP takes
-        model.body[0].bias.data += 1e-3
-    diverged = parameter_checksums(list(model.parameters()))
+    statuses = []
+    for wrapped in (True, False):  # DDP all-reduces the gradients; a bare model steps alone
+        net = Net()
+        model = nn.parallel.DistributedDataParallel(net) if wrapped else net
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+        probe = Probe(model, optimizer, step_unit="steps", every_steps=0)
+        x = torch.randn(4, 8, generator=torch.Generator().manual_seed(rank))  # rank's own data
+        for _ in range(2):
+            model(x, x.sum(1, keepdim=True)).backward()
+            probe.after_backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        probe.close()
+        if rank == 0:
+            tags = MlflowClient(uri).get_run(probe.run_id).data.tags
+            checks = {c["id"]: c["status"] for c in json.loads(tags[L0_TAG])}
+            statuses.append(checks["replicas_disagree"])
     if rank == 0:
-        torch.save([agreeing, diverged], out)
+        torch.save(statuses, out)
     torch.distributed.destroy_process_group()
 
 
-def test_replicas_are_compared_across_two_gloo_processes(workdir):
-    out = str(workdir / "sums.pt")
-    torch.multiprocessing.spawn(_checksums_of_rank, args=(str(workdir / "init"), out), nprocs=2)
-    agreeing, diverged = torch.load(out)
-    assert by_id(healthy_facts(replica_checksums=agreeing))["replicas_disagree"] == "pass"
-    assert by_id(healthy_facts(replica_checksums=diverged))["replicas_disagree"] == "fail"
-    assert healthy_facts().replica_checksums is None  # one process: skipped (see above)
+def test_the_probe_compares_replicas_after_the_first_step_in_two_gloo_processes(workdir, uri):
+    out = str(workdir / "statuses.pt")
+    args = (str(workdir / "init-probe"), uri, out)
+    torch.multiprocessing.spawn(_probe_on_rank, args=args, nprocs=2)
+    assert torch.load(out) == ["pass", "fail"]  # with DDP, then without
