@@ -140,6 +140,17 @@ def test_a_failed_invariant_is_a_finding_named_by_the_corpus_cause_id():
     assert not triage(Evidence(static=frozen)).findings  # a warning alone is no finding
 
 
+def test_mostly_frozen_is_a_finding_only_with_the_flat_loss_it_predicts():
+    frozen = [c.__dict__ for c in live_checks(healthy_facts(trainable_elements=10))]
+    falling = [(step, 4.0 * 0.9**step) for step in range(20)]  # dropped 85%
+    flat = [(step, 4.0 - 0.01 * step) for step in range(20)]  # dropped 5%
+    ids = [
+        [f.id for f in triage(Evidence(static=frozen, series={"train/loss": loss})).findings]
+        for loss in (falling, flat)
+    ]
+    assert "params_frozen" not in ids[0] and ids[1][0] == "params_frozen"
+
+
 def _probe_on_rank(rank: int, init_file: str, uri: str, out: str) -> None:
     os.environ["MLFLOW_TRACKING_URI"] = uri
     torch.distributed.init_process_group("gloo", f"file://{init_file}", rank=rank, world_size=2)

@@ -1066,6 +1066,7 @@ NO_CARD_ROWS = {"noisy_labels", "noisy_labels_flat"} | {  # broken invariants: a
     "eval_in_train_mode",
     "lr_schedule_collapse",
     "params_not_in_optimizer",
+    "params_frozen",
 }
 
 
