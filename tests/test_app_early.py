@@ -48,9 +48,10 @@ def still_running(folder: Path) -> list[str]:
     return [r.info.run_name for r in client.search_runs(experiments) if r.info.status == "RUNNING"]
 
 
-def stopped_early(store: Store, name: str, budget: int, cut_short: bool = True) -> dict:
+def stopped_early(store: Store, name: str, budget: int, cut_short: bool | None = True) -> dict:
     """The last test of `name`, checked to be rejected early with its stopped seed recorded as
-    stopped (not an error), short of the budget where `cut_short`; returns its figures."""
+    stopped (not an error), short of the budget where `cut_short`, at it where False, either
+    where None; returns its figures."""
     test = store.find(name).tests[-1]
     tags, metrics = test.tags, store.run(test.run_id).data.metrics
     assert test.verdict == "rejected" and tags["hyprun.early"] == "true", tags["hyprun.reason"]
@@ -59,7 +60,10 @@ def stopped_early(store: Store, name: str, budget: int, cut_short: bool = True) 
     stopped = seeds["0"]
     assert stopped.data.tags["hyprun.outcome"] == "stopped" and stopped.info.status == "FINISHED"
     trained = int(stopped.data.tags["hyprun.steps"])
-    assert 0 < trained < budget if cut_short else trained == budget, trained
+    if cut_short is None:
+        assert 0 < trained <= budget, trained
+    else:
+        assert 0 < trained < budget if cut_short else trained == budget, trained
     return {"saved": metrics["tokens_saved_frac"], "seed0": 1 - trained / budget, "seeds": seeds}
 
 
@@ -127,7 +131,10 @@ def test_a_trainer_app_is_stopped_at_a_step_by_its_callback(here, trainer):
     # 3 seeds: with 2 the reject side needs ~40 sigma (Student t at 1 degree of freedom)
     assert run_cli("baseline", "--app", app, *baseline, "--seeds", "3", *INV) == 0
     assert run_cli("test", worse, "--why", WHY) == 0
-    found = stopped_early(Store(f"sqlite:///{here}/mlflow.db", "hyprun"), "inv", 40)
+    # Whether the watched seed itself is cut short depends on how far its 40 fast steps got
+    # while the watcher read MLflow (on a loaded machine: all of them); that a stop ends the
+    # trainer at the step is tested without timing in test_probe_hf and test_probe_lightning.
+    found = stopped_early(Store(f"sqlite:///{here}/mlflow.db", "hyprun"), "inv", 40, None)
     assert found["saved"] >= 0.4, found
     print(f"{trainer} in-process: saved {found['saved']:.0%}, stopped seed {found['seed0']:.0%}")
     assert still_running(here) == []

@@ -228,3 +228,20 @@ def test_a_requeued_trainer_resumes_from_its_last_complete_checkpoint(tmp_path):
     resumed = trainer(6)
     resumed.train(resume_from_checkpoint=last_complete_checkpoint(out))
     assert resumed.state.global_step == 6
+
+
+def test_trainer_callback_ends_training_at_the_step_a_stop_is_asked(tmp_path, mlflow_env):
+    """Early rejection's contract (runner/job/stop.py), without timing: a stop asked during step 3
+    ends the Trainer at that step's end, not at its budget."""
+    from transformers import TrainerCallback
+
+    from hyprun.runner.job import stop
+
+    class AskAtStep3(TrainerCallback):  # as hyprun's watch thread asks, from outside the loop
+        def on_step_begin(self, args, state, control, **kwargs):
+            if state.global_step == 2:
+                stop.request()
+
+    with stop.listening():
+        trainer = train(tmp_path, tiny_gpt2(), [AskAtStep3(), HyprunTrainerCallback()])
+    assert trainer.state.global_step == 3 < STEPS

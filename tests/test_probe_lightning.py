@@ -151,3 +151,21 @@ def test_lightning_callback_names_the_module_of_a_planted_nan(workdir, monkeypat
     assert run.info.status == "FAILED"
     losses = metric_history(uri, probe.run_id, "train/loss")
     assert math.isnan(losses[-1][1]) and all(math.isfinite(v) for _, v in losses[:-1])
+
+
+def test_lightning_callback_ends_training_at_the_step_a_stop_is_asked(workdir, monkeypatch):
+    """Early rejection's contract (runner/job/stop.py), without timing: a stop asked during step 3
+    ends the fit at that step's end, not at its budget."""
+    from hyprun.runner.job import stop
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{workdir}/mlflow.db")
+    monkeypatch.delenv("MLFLOW_RUN_ID", raising=False)
+
+    class AskAtStep3(pl.Callback):  # as hyprun's watch thread asks, from outside the loop
+        def on_train_batch_start(self, trainer, module, batch, batch_idx):
+            if trainer.global_step == 2:
+                stop.request()
+
+    with stop.listening():
+        trainer = fit(TinyLM(), [AskAtStep3(), HyprunLightningCallback()])
+    assert trainer.global_step == 3 < STEPS

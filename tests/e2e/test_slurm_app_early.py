@@ -43,15 +43,16 @@ def test_a_clearly_worse_app_test_on_slurm_is_cancelled_early(mlflow_server, tmp
     # Polls every 5 s (Slurm.poll_s) and scancel's own delay cost more steps than in process.
     assert saved >= 0.25, (saved, test.tags["hyprun.spent"])
     print(f"HF on Slurm: {test.tags['hyprun.spent']}; {test.tags['hyprun.reason']}")
-    # Every seed the cancel reached reads stopped. The marks judged are those every seed reached,
-    # so where the array's seeds wait for cores (2 here), the first may be done by then.
-    trained = []
+    # Every seed the cancel reached reads stopped, with the steps it trained. How far the running
+    # seeds got depends on the machine's load: the marks judged are those every seed reached, and
+    # where the array's seeds wait for cores (2 here) the first may be done by then (2026-12-02,
+    # load ~5: both trained all 200); the saving then comes from seeds never started. That a
+    # stop ends a trainer at the step is tested without timing in test_probe_hf.
     for run in store.seed_runs(test.run_id):
         tags = run.data.tags
         ended = (tags["hyprun.outcome"], run.info.status, tags.get("hyprun.steps"))
         assert ended[:2] == ("stopped", "FINISHED"), (tags["hyprun.seed"], *ended)
-        trained.append(int(tags["hyprun.steps"]))
-    assert min(trained) < 200, trained
+        assert 0 < int(tags["hyprun.steps"]) <= 200, ended
     experiment = store.client.get_experiment_by_name("hyprun").experiment_id
     running = [
         r.info.run_name
