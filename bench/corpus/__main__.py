@@ -70,7 +70,8 @@ def score(rows: list, results: dict[str, dict]) -> dict[str, Any]:
     scored = []
     for row in rows:
         r = results[row.id]
-        fixed = r["confirmed"] in {*row.fix_cards, CODE_FIX}
+        # a confirmed code fix is recorded by its delta (the switch off), a card by its id
+        fixed = r["confirmed"] in {*row.fix_cards, CODE_FIX, f"{row.switch}=false"}
         scored.append(
             {
                 "id": row.id,
