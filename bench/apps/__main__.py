@@ -12,8 +12,6 @@ once: a second run is refused while its results exist. Writes results/SET.json a
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 import tempfile
 import time
@@ -26,7 +24,7 @@ from bench.apps.run import early_rejection, run_entry
 from bench.apps.schema import load_table
 from bench.apps.split import SETS, SPLIT, load_split
 from bench.corpus.__main__ import ORDERS
-from bench.corpus.split import sha256
+from bench.corpus.split import scored_meta, write_scores
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = Path(__file__).with_name("results")
@@ -125,21 +123,10 @@ def main(argv: list[str] | None = None) -> int:
     for form in [] if args.no_early else table.forms:
         early.append(early_rejection(table, form, workdir / f"early-{form}"))
         print(early[-1], flush=True)
-    meta = {
-        "date": time.strftime("%Y-%m-%d %H:%M %Z"),
-        "commit": sha,
-        "dirty": dirty,
-        "split_sha256": sha256(SPLIT),
-        "wall_seconds": round(time.monotonic() - start, 1),
-        "workdir": str(workdir),
-        "threads": os.environ.get("OMP_NUM_THREADS"),
-    }
+    meta = scored_meta(SPLIT, sha, dirty, start, workdir)
     text = render(args.set_name, results, early, meta)
     print(text)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{args.set_name}.md").write_text(text)
-    payload = {"meta": meta, "results": results, "early": early}
-    (out / f"{args.set_name}.json").write_text(json.dumps(payload, indent=1, default=str))
+    write_scores(out, args.set_name, text, {"meta": meta, "results": results, "early": early})
     return 0
 
 

@@ -13,8 +13,6 @@ Writes results/SET.json and results/SET.md; MLflow files stay under --workdir.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 import tempfile
 import time
@@ -26,7 +24,7 @@ import numpy as np
 from bench.corpus.cards import applicable
 from bench.corpus.run import CODE_FIX, run_row
 from bench.corpus.schema import load_corpus
-from bench.corpus.split import SETS, SPLIT, load_split, sha256
+from bench.corpus.split import SETS, SPLIT, load_split, scored_meta, write_scores
 from bench.diagnosis.split import CLASSIC_LISTING, SHUFFLES, _strikes
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -187,21 +185,11 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
     summary = score(rows, results)
-    meta = {
-        "date": time.strftime("%Y-%m-%d %H:%M %Z"),
-        "commit": sha,
-        "dirty": dirty,
-        "split_sha256": sha256(SPLIT),
-        "wall_seconds": round(time.monotonic() - start, 1),
-        "workdir": str(workdir),
-        "threads": os.environ.get("OMP_NUM_THREADS"),
-    }
+    meta = scored_meta(SPLIT, sha, dirty, start, workdir)
     text = render(args.set_name, summary, twins, meta)
     print(text)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{args.set_name}.md").write_text(text)
     payload = {"meta": meta, "summary": summary, "twins": twins, "results": results}
-    (out / f"{args.set_name}.json").write_text(json.dumps(payload, indent=1, default=str))
+    write_scores(out, args.set_name, text, payload)
     return 0
 
 

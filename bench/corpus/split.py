@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
+import os
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +27,27 @@ SETS = ("tuning", "heldout")
 
 def sha256(path: Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def scored_meta(split: Path, commit: str, dirty: bool, start: float, workdir: Path) -> dict:
+    """What a results file records of how it was scored: when, on which code, against which
+    split (its SHA-256: the frozen-split tests compare it), how long, and where the runs are."""
+    return {
+        "date": time.strftime("%Y-%m-%d %H:%M %Z"),
+        "commit": commit,
+        "dirty": dirty,
+        "split_sha256": sha256(split),
+        "wall_seconds": round(time.monotonic() - start, 1),
+        "workdir": str(workdir),
+        "threads": os.environ.get("OMP_NUM_THREADS"),
+    }
+
+
+def write_scores(out: Path, set_name: str, text: str, payload: dict) -> None:
+    """A scored set as Markdown (what a reader opens) and JSON (what a later rescore reads)."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{set_name}.md").write_text(text)
+    (out / f"{set_name}.json").write_text(json.dumps(payload, indent=1, default=str))
 
 
 def draw(ids: list[str], seed: int) -> dict[str, list[str]]:
