@@ -73,17 +73,20 @@ def step_loss(model, micro: list, bug, accum: int) -> float:
     return float(sum(total.detach() for total, _ in losses)) / step_tokens
 
 
-def fit(cfg: DictConfig, log=None, probe: bool = True, attach=None) -> float:
+def fit(cfg: DictConfig, log=None, probe: bool = True, attach=None, tracker=None) -> float:
     """Train as configured; `log(name, value, step)` gets each eval loss; the last one returned.
-    `probe`: attach hyprun's Probe (it logs into the active MLflow run); `attach(model,
-    optimizer)`: called once before training, for hooks of an outside observer."""
+    `probe`: attach hyprun's Probe (it logs into the active MLflow run, or into `tracker`);
+    `attach(model, optimizer)`: called once before training, for hooks of an outside
+    observer."""
     d, t, bug = cfg.data, cfg.train, cfg.bug
     train_set = sequences(d.n_train, d.vocab, d.seq_len, d.min_len, d.seed)
     heldout = sequences(d.n_eval, d.vocab, d.seq_len, d.min_len, d.eval_seed)
     model, optimizer, schedule = build(cfg)
     steps_per_epoch = d.n_train // (t.batch * t.accum)
     stream = micro_batches(cfg, train_set)
-    watch = Probe(model, optimizer, step_unit="steps") if probe else None
+    watch = None
+    if probe:
+        watch = Probe(model, optimizer, step_unit="steps", total_steps=t.steps, tracker=tracker)
     if attach:
         attach(model, optimizer)
     model.train()
