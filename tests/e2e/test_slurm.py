@@ -253,6 +253,7 @@ def test_requeued_and_time_limited_jobs_resume_and_match_an_uninterrupted_run(
     cfg.checkpoint.dir = str(folder / "reference-checkpoints")
     params = launcher_params(["hydra/launcher=slurm_cpu"])
     [result] = Slurm(params, folder / ".hyprun/slurm/reference", "reference").run([Job(cfg)])
+    store.finish(reference_parent)  # the session's server is shared: leave no parent RUNNING
     assert not isinstance(result, Failed), result.reason
     assert result.status == "completed"
     for metric in ("train/loss", "eval/loss"):

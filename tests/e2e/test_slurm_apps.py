@@ -113,6 +113,7 @@ def test_hf_app_on_slurm_with_a_requeue(mlflow_server, tmp_path, monkeypatch, on
         mlflow_server, "hyprun", [planted, *BUDGET, fix], 0, reference, "reference", {}
     )
     clean = run_app(config)
+    store.finish(reference)  # the session's server is shared: leave no parent RUNNING
     assert clean.status == "completed"
     resumed = store.history(requeued, "eval_loss")
     expected = store.history(clean.run_id, "eval_loss")
