@@ -6,7 +6,8 @@ Per entry of the set (split.yaml): a 2-seed baseline with the fault planted, `di
 entries: no finding at all. Strikes to the fix are simulated from the ranking for hyprun's
 order, random orders and the classic report's (bench/corpus's simulate). Per form, one clearly
 worse test (LR 100x below best) is run for real for early rejection. The held-out set is scored
-once: a second run is refused while its results exist. Writes results/SET.json and SET.md.
+once: a second run is refused while its results exist, and so is one whose draw recorded
+another diag/ than today's, or none (bench/frozen.py). Writes results/SET.json and SET.md.
 """
 
 from __future__ import annotations
@@ -19,12 +20,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import yaml
 
 from bench.apps.run import early_rejection, run_entry
 from bench.apps.schema import load_table
 from bench.apps.split import SETS, SPLIT, load_split
 from bench.corpus.__main__ import ORDERS
 from bench.corpus.split import scored_meta, write_scores
+from bench.frozen import refusal, scored_draw
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = Path(__file__).with_name("results")
@@ -100,6 +103,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.set_name == "heldout" and (out / "heldout.json").exists():
         print("the held-out set is scored once: results/heldout.json exists", file=sys.stderr)
         return 2
+    draw = None
+    if args.set_name == "heldout":
+        seed = yaml.safe_load(SPLIT.read_text())["seed"]
+        if why := refusal(SPLIT, seed):
+            print(why, file=sys.stderr)
+            return 2
+        draw = scored_draw(SPLIT, seed)
     from bench.diagnosis.run import worker_setup
     from hyprun.runner.provenance import git_state
 
@@ -123,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     for form in [] if args.no_early else table.forms:
         early.append(early_rejection(table, form, workdir / f"early-{form}"))
         print(early[-1], flush=True)
-    meta = scored_meta(SPLIT, sha, dirty, start, workdir)
+    meta = scored_meta(SPLIT, sha, dirty, start, workdir, draw)
     text = render(args.set_name, results, early, meta)
     print(text)
     write_scores(out, args.set_name, text, {"meta": meta, "results": results, "early": early})

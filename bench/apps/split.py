@@ -6,7 +6,8 @@ held out, so held-out magnitudes are ones tuning never saw (a one-magnitude fami
 on different data). Per form the healthy configs are permuted and split the same way. Every
 entry gets a data seed, held-out seeds disjoint from tuning's. split.yaml records the seed and a
 SHA-256 of table.yaml as split; results record split.yaml's own; tests/test_bench_apps.py fails
-when split.yaml changes after results exist.
+when split.yaml changes after results exist. The draw also records diag/ as it stood
+(bench/frozen.py): its held-out set is scored with that diag/ only.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import yaml
 
 from bench.apps.schema import TABLE, Entry, Table, load_table
 from bench.corpus.split import sha256
+from bench.frozen import diag_sha256
 
 SPLIT = Path(__file__).with_name("split.yaml")
 SETS = ("tuning", "heldout")
@@ -66,9 +68,11 @@ def main(argv: list[str] | None = None) -> int:
     sets = draw(load_table(), args.seed)
     header = (
         f"# Drawn once by `python -m bench.apps.split --seed {args.seed}` before any scoring or\n"
-        "# tuning; frozen (tests/test_bench_apps.py). table_sha256: table.yaml as split.\n"
+        "# tuning; frozen (tests/test_bench_apps.py). table_sha256: table.yaml as split;\n"
+        "# diag_sha256: diag/ as drawn (bench/frozen.py; the held-out set is scored with it).\n"
     )
-    body = {"seed": args.seed, "table_sha256": sha256(TABLE), **sets}
+    body = {"seed": args.seed, "table_sha256": sha256(TABLE), "diag_sha256": diag_sha256()}
+    body |= sets
     SPLIT.write_text(header + yaml.safe_dump(body, sort_keys=False, width=100))
     print({name: len(entries) for name, entries in sets.items()})
     return 0

@@ -6,7 +6,8 @@ diagnosis. Scored per row: detected (a top-3 finding names the root cause), fixe
 confirmed the code fix or a card in the row's fix_cards), strikes; the same findings' order
 beside random and classic-report card orders, simulated as bench/diagnosis/split.py does (a card
 in fix_cards, or the code fix, confirms; every other card is a strike). Twins: no finding at all.
-The held-out set is scored once: a second run is refused while its results exist.
+The held-out set is scored once: a second run is refused while its results exist, and so is
+one whose draw recorded another diag/ than today's, or none (bench/frozen.py).
 Writes results/SET.json and results/SET.md; MLflow files stay under --workdir.
 """
 
@@ -26,6 +27,7 @@ from bench.corpus.run import CODE_FIX, run_row
 from bench.corpus.schema import load_corpus
 from bench.corpus.split import SETS, SPLIT, load_split, scored_meta, write_scores
 from bench.diagnosis.split import CLASSIC_LISTING, SHUFFLES, _strikes
+from bench.frozen import refusal, scored_draw
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = Path(__file__).with_name("results")
@@ -156,6 +158,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.set_name == "heldout" and (out / "heldout.json").exists():
         print("the held-out set is scored once: results/heldout.json exists", file=sys.stderr)
         return 2
+    draw = None
+    if args.set_name == "heldout":
+        seed = load_split(SPLIT)["seed"]
+        if why := refusal(SPLIT, seed):
+            print(why, file=sys.stderr)
+            return 2
+        draw = scored_draw(SPLIT, seed)
     from bench.diagnosis.run import worker_setup
     from hyprun.runner.provenance import git_state
 
@@ -185,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
     summary = score(rows, results)
-    meta = scored_meta(SPLIT, sha, dirty, start, workdir)
+    meta = scored_meta(SPLIT, sha, dirty, start, workdir, draw)
     text = render(args.set_name, summary, twins, meta)
     print(text)
     payload = {"meta": meta, "summary": summary, "twins": twins, "results": results}

@@ -3,7 +3,8 @@ out, drawn once with a seeded numpy permutation and committed before anything is
 
 split.yaml records the seed, the draw and a SHA-256 of corpus.yaml as it stood, so the rows it
 split cannot change unseen; every results file records split.yaml's own SHA-256, and
-tests/test_bench_corpus.py fails when split.yaml changes after results exist.
+tests/test_bench_corpus.py fails when split.yaml changes after results exist. The draw also
+records diag/ as it stood (bench/frozen.py): its held-out half is scored with that diag/ only.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import numpy as np
 import yaml
 
 from bench.corpus.schema import CORPUS, load_corpus
+from bench.frozen import diag_sha256
 
 SPLIT = Path(__file__).with_name("split.yaml")
 SETS = ("tuning", "heldout")
@@ -29,14 +31,20 @@ def sha256(path: Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
-def scored_meta(split: Path, commit: str, dirty: bool, start: float, workdir: Path) -> dict:
+def scored_meta(
+    split: Path, commit: str, dirty: bool, start: float, workdir: Path, draw: dict | None = None
+) -> dict:
     """What a results file records of how it was scored: when, on which code, against which
-    split (its SHA-256: the frozen-split tests compare it), how long, and where the runs are."""
+    split (its SHA-256: the frozen-split tests compare it), with which diag/ (its SHA-256 as the
+    scores are written), the held-out draw it scored (bench.frozen.scored_draw; None for
+    tuning), how long, and where the runs are."""
     return {
         "date": time.strftime("%Y-%m-%d %H:%M %Z"),
         "commit": commit,
         "dirty": dirty,
         "split_sha256": sha256(split),
+        "diag_sha256": diag_sha256(),
+        "draw": draw,
         "wall_seconds": round(time.monotonic() - start, 1),
         "workdir": str(workdir),
         "threads": os.environ.get("OMP_NUM_THREADS"),
@@ -75,9 +83,11 @@ def main(argv: list[str] | None = None) -> int:
     sets = draw(ids, args.seed)
     header = (
         f"# Drawn once by `python -m bench.corpus.split --seed {args.seed}` before any scoring or\n"
-        "# tuning; frozen (tests/test_bench_corpus.py). corpus_sha256: corpus.yaml as split.\n"
+        "# tuning; frozen (tests/test_bench_corpus.py). corpus_sha256: corpus.yaml as split;\n"
+        "# diag_sha256: diag/ as drawn (bench/frozen.py; the held-out half is scored with it).\n"
     )
-    body = {"seed": args.seed, "corpus_sha256": sha256(CORPUS), **sets}
+    body = {"seed": args.seed, "corpus_sha256": sha256(CORPUS), "diag_sha256": diag_sha256()}
+    body |= sets
     SPLIT.write_text(header + yaml.safe_dump(body, sort_keys=False))
     print(SPLIT.read_text())
     return 0

@@ -5,6 +5,10 @@
     python -m bench.diagnosis.split --rediagnose --workdir DIR   # tables changed, same runs
     python -m bench.diagnosis.split --draw SEED                  # print a fresh held-out set
 
+The held-out sets are frozen together with diag/ (bench/frozen.py): a draw records diag_sha256
+(a top-level key of split.yaml, printed by --draw), and a run that includes `heldout` or
+`healthy_heldout` is refused while diag/ differs from it, or when the draw recorded none.
+
 Every entry of split.yaml is one seed of one job, run in this process one after another (a
 process per job would pay torch's and DeepSpeed's start-up each time), then `diagnose`d as a
 user would: where does the true cause rank among the findings, and which findings fire on
@@ -50,12 +54,14 @@ from bench.diagnosis.families import (
     name_of,
     reference_key,
 )
+from bench.frozen import diag_sha256, refusal, scored_draw
 
 ROOT = Path(__file__).resolve().parents[2]
 
 SPLIT = Path(__file__).with_name("split.yaml")
 SETS = ("heldout", "healthy_heldout", "healthy", "tuning")
 HEALTHY_SETS = ("healthy_heldout", "healthy")
+HELD_OUT = {"heldout", "healthy_heldout"}  # scored only with diag/ as the draw recorded it
 EXPERIMENT = "bench-split"
 STRIKES = 3
 SEEDS_PER_TEST = 3  # `hyprun baseline --seeds 3`: what each tried card costs in tokens
@@ -519,9 +525,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.draw is not None:
         split = load_split()
         taken = {tuple(e.get(k) for k in KEY) for e in split["tuning"]}
+        print(f"diag_sha256: {diag_sha256()}  # diag/ as drawn (bench/frozen.py)")
+        print("heldout:")
         for entry in draw(args.draw, DRAW_PER_FAMILY, DRAW_SEEDS, taken):
             print("  - " + json.dumps(entry).replace('"', ""))
         return 0
+    held_out = HELD_OUT & set(args.sets)
+    if held_out and (why := refusal(SPLIT, HELDOUT_DRAW)):
+        print(f"{why} (or score --set tuning healthy)", file=sys.stderr)
+        return 2
     if str(ROOT) not in sys.path:  # the planted models are imported by name, from any cwd
         sys.path.insert(0, str(ROOT))
     import torch
@@ -547,6 +559,8 @@ def main(argv: list[str] | None = None) -> int:
         "sets": args.sets,
         "workdir": str(workdir),
         "rediagnosed": args.rediagnose,
+        "diag_sha256": diag_sha256(),  # as the scores are written
+        "draw": scored_draw(SPLIT, HELDOUT_DRAW) if held_out else None,
     }
     text = render(summary, meta)
     print(text)
