@@ -1,8 +1,8 @@
 """The foreign-app benchmark's table and split (bench/apps): the table validates, each entry
 plants exactly one variable of its app's own config (the family's setting aside) and every
 override composes, the split is the seeded draw of the table as it stood and is frozen once
-results exist, held-out magnitudes and data seeds are ones tuning never saw, and the held-out
-set is scored once. Fast: composes configs, trains nothing."""
+results exist, held-out magnitudes and data seeds are ones tuning never saw (and a later draw's
+ones no draw saw), and the held-out set is scored once. Fast: composes configs, trains nothing."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import json
 import pytest
 import yaml
 
-from bench.apps.__main__ import RESULTS, main
+from bench.apps.__main__ import RESULTS, ROOT, main
 from bench.apps.run import entry_overrides
 from bench.apps.schema import TABLE, load_table, plant, twin_of
-from bench.apps.split import SETS, SPLIT, draw, load_split
+from bench.apps.split import SETS, SPLIT, draw, load_split, redraw, taken_seeds
 from bench.corpus.split import sha256
 
 TABLE_NOW = load_table()
@@ -84,7 +84,25 @@ def test_held_out_magnitudes_and_seeds_are_ones_tuning_never_saw():
 def test_results_were_scored_on_this_split():
     for path in sorted(RESULTS.glob("*.json")):
         meta = json.loads(path.read_text()).get("meta", {})
-        assert meta.get("split_sha256") == sha256(SPLIT), f"split.yaml changed after {path.name}"
+        scored = ROOT / meta["draw"]["split"] if meta.get("draw") else SPLIT  # a later draw's file
+        assert meta.get("split_sha256") == sha256(scored), (
+            f"{scored.name} changed after {path.name}"
+        )
+
+
+def test_a_later_draw_holds_magnitudes_the_table_lacks_on_data_seeds_never_used(tmp_path):
+    table = load_table()
+    taken = taken_seeds([SPLIT])
+    entries = redraw(table, 5, taken)
+    faults = [e for e in entries if e.get("family")]
+    for entry in faults:
+        family = table.families[entry["family"]]
+        low, high = min(family.magnitudes), max(family.magnitudes)
+        assert low <= entry["m"] <= high and (entry["m"] not in family.magnitudes or low == high)
+    assert len({e["id"] for e in faults}) == len(faults)
+    assert {e["id"] for e in entries if e.get("kind") == "healthy"} == {h.id for h in table.healthy}
+    assert not {e["seed"] for e in entries} & taken
+    assert redraw(table, 5, taken) == entries  # seeded: the same draw again
 
 
 def test_the_held_out_set_is_scored_once(tmp_path, capsys):

@@ -34,11 +34,13 @@ OTHER = "0" * 64  # a diag_sha256 no diag/ has
 
 
 def draws() -> list[tuple[Path, int]]:
-    """Each benchmark's current held-out draw: its split file and the seed it was drawn with."""
+    """Each benchmark's held-out draws: the split file or a later draw's, and its seed."""
+    later = sorted(ROOT.glob("bench/*/draws/*.yaml"))
     return [
         (diagnosis_split.SPLIT, diagnosis_split.HELDOUT_DRAW),
         (apps_split.SPLIT, yaml.safe_load(apps_split.SPLIT.read_text())["seed"]),
         (corpus_split.SPLIT, corpus_split.load_split()["seed"]),
+        *((path, yaml.safe_load(path.read_text())["seed"]) for path in later),
     ]
 
 

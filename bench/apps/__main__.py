@@ -7,7 +7,9 @@ entries: no finding at all. Strikes to the fix are simulated from the ranking fo
 order, random orders and the classic report's (bench/corpus's simulate). Per form, one clearly
 worse test (LR 100x below best) is run for real for early rejection. The held-out set is scored
 once: a second run is refused while its results exist, and so is one whose draw recorded
-another diag/ than today's, or none (bench/frozen.py). Writes results/SET.json and SET.md.
+another diag/ than today's, or none (bench/frozen.py); a spent held-out set is followed by a
+later draw (`python -m bench.apps.split --redraw SEED`, scored with `--draw draws/SEED.yaml`).
+Writes results/SET.json and SET.md (results/heldout-SEED.* for a later draw).
 """
 
 from __future__ import annotations
@@ -98,18 +100,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", help="MLflow files per entry (default: a new temp folder)")
     parser.add_argument("--out", default=str(RESULTS))
     parser.add_argument("--no-early", action="store_true", help="skip the early-rejection runs")
+    parser.add_argument(
+        "--draw", type=Path, help="a later held-out draw (draws/SEED.yaml) instead of split.yaml's"
+    )
     args = parser.parse_args(argv)
-    out = Path(args.out)
-    if args.set_name == "heldout" and (out / "heldout.json").exists():
-        print("the held-out set is scored once: results/heldout.json exists", file=sys.stderr)
+    if args.draw and args.set_name != "heldout":
+        print("--draw is a held-out draw: use it with --set heldout", file=sys.stderr)
+        return 2
+    out, split = Path(args.out), args.draw or SPLIT
+    seed = yaml.safe_load(split.read_text())["seed"]
+    name = f"heldout-{seed}" if args.draw else args.set_name  # results/NAME.json and .md
+    if args.set_name == "heldout" and (out / f"{name}.json").exists():
+        print(f"a held-out draw is scored once: results/{name}.json exists", file=sys.stderr)
         return 2
     draw = None
     if args.set_name == "heldout":
-        seed = yaml.safe_load(SPLIT.read_text())["seed"]
-        if why := refusal(SPLIT, seed):
+        if why := refusal(split, seed):
             print(why, file=sys.stderr)
             return 2
-        draw = scored_draw(SPLIT, seed)
+        draw = scored_draw(split, seed)
     from bench.diagnosis.run import worker_setup
     from hyprun.runner.provenance import git_state
 
@@ -122,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     rng = np.random.default_rng(26)
     start = time.monotonic()
     results: list[dict[str, Any]] = []
-    for entry in load_split()[args.set_name]:
+    for entry in load_split(split)[args.set_name]:
         folder = workdir / f"{entry.id.replace('/', '-')}-{entry.seed}"
         results.append(run_entry(table, entry, folder, rng))
         r = results[-1]
@@ -133,10 +142,10 @@ def main(argv: list[str] | None = None) -> int:
     for form in [] if args.no_early else table.forms:
         early.append(early_rejection(table, form, workdir / f"early-{form}"))
         print(early[-1], flush=True)
-    meta = scored_meta(SPLIT, sha, dirty, start, workdir, draw)
-    text = render(args.set_name, results, early, meta)
+    meta = scored_meta(split, sha, dirty, start, workdir, draw)
+    text = render(name, results, early, meta)
     print(text)
-    write_scores(out, args.set_name, text, {"meta": meta, "results": results, "early": early})
+    write_scores(out, name, text, {"meta": meta, "results": results, "early": early})
     return 0
 
 
