@@ -1,7 +1,7 @@
 """The real-world corpus (bench/corpus): every row is well-formed and sourced, each bug is one
-switch of its app that changes training, the split is frozen once drawn, and the harness
-refuses to score the held-out half twice. The harness itself runs outside CI:
-python -m bench.corpus --set tuning|heldout."""
+switch of its app that changes training, the split is frozen once drawn, a later score of the
+held-out rows takes a new data seed, and the harness refuses to score the held-out half twice.
+The harness itself runs outside CI: python -m bench.corpus --set tuning|heldout."""
 
 from __future__ import annotations
 
@@ -10,11 +10,13 @@ import json
 import pytest
 from omegaconf import OmegaConf
 
+from bench.corpus import split as split_module
 from bench.corpus.__main__ import main as harness
 from bench.corpus.cards import applicable
 from bench.corpus.compose import app_config, final_eval_loss
 from bench.corpus.schema import CORPUS, Row, load_corpus
 from bench.corpus.split import SPLIT, draw, load_split, sha256
+from bench.frozen import ROOT
 
 ROWS = load_corpus().rows
 TINY = ["train.steps=8", "train.eval_every=4", "data.n_train=64", "model.d_model=16"]
@@ -68,7 +70,17 @@ def test_results_were_scored_on_this_split():
     for path in sorted(SPLIT.parent.glob("results/*.json")):
         meta = json.loads(path.read_text()).get("meta")
         if meta and "split_sha256" in meta:
-            assert meta["split_sha256"] == sha256(SPLIT), f"split.yaml changed after {path.name}"
+            scored = ROOT / meta["draw"]["split"] if meta.get("draw") else SPLIT  # a later draw
+            assert meta["split_sha256"] == sha256(scored), f"{scored} changed after {path.name}"
+
+
+def test_a_later_score_takes_the_held_out_rows_on_a_new_data_seed(tmp_path, monkeypatch):
+    monkeypatch.setattr(split_module, "DRAWS", tmp_path)  # not the repository's draws/
+    assert split_module.main(["--redraw", "3", "--why", "test"]) == 0
+    assert split_module.main(["--redraw", "3"]) == 2  # made once
+    later = load_split(tmp_path / "3.yaml")
+    assert later["heldout"] == load_split()["heldout"] and later["data_seed"] >= 2
+    assert later["corpus_sha256"] == sha256(CORPUS) and later["why"] == "test"
 
 
 def test_the_held_out_half_is_scored_once(tmp_path, capsys):

@@ -7,7 +7,9 @@ confirmed the code fix or a card in the row's fix_cards), strikes; the same find
 beside random and classic-report card orders, simulated as bench/diagnosis/split.py does (a card
 in fix_cards, or the code fix, confirms; every other card is a strike). Twins: no finding at all.
 The held-out set is scored once: a second run is refused while its results exist, and so is
-one whose draw recorded another diag/ than today's, or none (bench/frozen.py).
+one whose draw recorded another diag/ than today's, or none (bench/frozen.py). A later score
+of the held-out rows (`python -m bench.corpus.split --redraw SEED`: a data seed not scored
+before, diag/ as it stands) runs with `--draw draws/SEED.yaml` into results/heldout-SEED.*.
 Writes results/SET.json and results/SET.md; MLflow files stay under --workdir.
 """
 
@@ -147,24 +149,32 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", choices=SETS, required=True, dest="set_name")
     parser.add_argument("--workdir", help="MLflow files per row (default: a new temp folder)")
     parser.add_argument("--out", default=str(RESULTS))
+    parser.add_argument(
+        "--draw", type=Path, help="a later score of the held-out rows (draws/SEED.yaml)"
+    )
     args = parser.parse_args(argv)
-    out = Path(args.out)
-    if not SPLIT.exists():
+    if args.draw and args.set_name != "heldout":
+        print("--draw is a held-out draw: use it with --set heldout", file=sys.stderr)
+        return 2
+    split = args.draw or SPLIT
+    if not split.exists():
         print(
-            f"no {SPLIT.name}: draw it first (python -m bench.corpus.split --seed N)",
+            f"no {split.name}: draw it first (python -m bench.corpus.split --seed N)",
             file=sys.stderr,
         )
         return 2
-    if args.set_name == "heldout" and (out / "heldout.json").exists():
-        print("the held-out set is scored once: results/heldout.json exists", file=sys.stderr)
+    out, drawn = Path(args.out), load_split(split)
+    name = f"heldout-{drawn['seed']}" if args.draw else args.set_name  # results/NAME.json, .md
+    extra = (f"data.seed={drawn['data_seed']}",) if args.draw else ()
+    if args.set_name == "heldout" and (out / f"{name}.json").exists():
+        print(f"a held-out draw is scored once: results/{name}.json exists", file=sys.stderr)
         return 2
     draw = None
     if args.set_name == "heldout":
-        seed = load_split(SPLIT)["seed"]
-        if why := refusal(SPLIT, seed):
+        if why := refusal(split, drawn["seed"]):
             print(why, file=sys.stderr)
             return 2
-        draw = scored_draw(SPLIT, seed)
+        draw = scored_draw(split, drawn["seed"])
     from bench.diagnosis.run import worker_setup
     from hyprun.runner.provenance import git_state
 
@@ -174,11 +184,11 @@ def main(argv: list[str] | None = None) -> int:
     worker_setup(1, sha)  # a helper's commit mid-run is not a change to the imported code
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="hyprun-corpus-")).resolve()
     by_id = {row.id: row for row in load_corpus().rows}
-    rows = [by_id[i] for i in load_split()[args.set_name]]
+    rows = [by_id[i] for i in drawn[args.set_name]]
     start = time.monotonic()
     results, twins, seen = {}, [], set()
     for row in rows:
-        results[row.id] = run_row(row, workdir / row.id)
+        results[row.id] = run_row(row, workdir / row.id, extra=extra)
         r = results[row.id]
         print(
             f"{row.id}: {r['findings'][:3]} confirmed={r['confirmed']} {r['seconds']} s "
@@ -187,18 +197,18 @@ def main(argv: list[str] | None = None) -> int:
         )
         if tuple(row.twin_overrides) not in seen:
             seen.add(tuple(row.twin_overrides))
-            twin = run_row(row, workdir / f"{row.id}-twin", twin=True)
+            twin = run_row(row, workdir / f"{row.id}-twin", twin=True, extra=extra)
             twins.append(twin)
             print(
                 f"{twin['name']}: {twin['findings']} {twin['seconds']} s {twin['error'] or ''}",
                 flush=True,
             )
     summary = score(rows, results)
-    meta = scored_meta(SPLIT, sha, dirty, start, workdir, draw)
-    text = render(args.set_name, summary, twins, meta)
+    meta = scored_meta(split, sha, dirty, start, workdir, draw)
+    text = render(name, summary, twins, meta)
     print(text)
     payload = {"meta": meta, "summary": summary, "twins": twins, "results": results}
-    write_scores(out, args.set_name, text, payload)
+    write_scores(out, name, text, payload)
     return 0
 
 

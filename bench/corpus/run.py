@@ -27,22 +27,25 @@ CODE_FIX = "code_fix"
 """The name the orders give a row's code fix (its switch off) where a finding names the cause."""
 
 
-def scenario_of(row: Row, twin: bool) -> Scenario:
-    """The row as bench/diagnosis's Scenario, so its triage and collection helpers apply."""
+def scenario_of(row: Row, twin: bool, extra: tuple[str, ...] = ()) -> Scenario:
+    """The row as bench/diagnosis's Scenario, so its triage and collection helpers apply;
+    `extra`: overrides of both sides (a later draw's data seed)."""
     return Scenario(
         name=row.id + ("-twin" if twin else ""),
         kind="control" if twin else "fault",
         fault=row.root_cause,
-        base=tuple(row.twin_overrides if twin else row.fault_overrides),
+        base=(*(row.twin_overrides if twin else row.fault_overrides), *extra),
         plant=(),
         cause=() if twin else tuple(row.cause),
         fix=() if twin else (*row.fix_cards, CODE_FIX),
     )
 
 
-def run_row(row: Row, workdir: Path, twin: bool = False) -> dict[str, Any]:
+def run_row(
+    row: Row, workdir: Path, twin: bool = False, extra: tuple[str, ...] = ()
+) -> dict[str, Any]:
     """The method on one row (or its twin) in `workdir`; a result dict, never raising."""
-    scenario = scenario_of(row, twin)
+    scenario = scenario_of(row, twin, extra)
     result: dict[str, Any] = {
         "name": scenario.name,
         "row": row.id,

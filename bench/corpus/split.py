@@ -24,7 +24,12 @@ from bench.corpus.schema import CORPUS, load_corpus
 from bench.frozen import diag_sha256
 
 SPLIT = Path(__file__).with_name("split.yaml")
+DRAWS = Path(__file__).with_name("draws")
+"""Later scores of the held-out half (`--redraw SEED`), one file each: the same rows (the corpus
+is what it is) on a data seed none scored before, with diag/ as it stood (bench/frozen.py)."""
 SETS = ("tuning", "heldout")
+DATA_SEEDS = (2, 1000)
+"""Where a later draw's data seed is drawn: above the seeds 0 and 1 the baselines' data took."""
 
 
 def sha256(path: Path) -> str:
@@ -72,10 +77,42 @@ def load_split(path: Path = SPLIT) -> dict:
     return yaml.safe_load(Path(path).read_text())
 
 
+def write_redraw(seed: int, why: str) -> int:
+    """A later score of the held-out rows: a data seed no earlier draw took, diag/ as it is."""
+    path = DRAWS / f"{seed}.yaml"
+    if path.exists():
+        print(f"{path} exists: a draw is made once", file=sys.stderr)
+        return 2
+    taken = {load_split(p).get("data_seed") for p in DRAWS.glob("*.yaml")}
+    free = [s for s in range(*DATA_SEEDS) if s not in taken]
+    header = (
+        f"# A later score of the held-out rows: `python -m bench.corpus.split --redraw {seed}`,\n"
+        "# committed before it was scored (python -m bench.corpus --set heldout --draw FILE),\n"
+        "# scored once with diag/ as recorded here (bench/frozen.py), on data.seed=data_seed.\n"
+    )
+    body = {
+        "seed": seed,
+        "corpus_sha256": sha256(CORPUS),
+        "diag_sha256": diag_sha256(),
+        "data_seed": int(np.random.default_rng(seed).choice(free)),
+        "why": why,
+        "heldout": load_split()["heldout"],
+    }
+    DRAWS.mkdir(exist_ok=True)
+    path.write_text(header + yaml.safe_dump(body, sort_keys=False, width=100))
+    print(path.read_text())
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.corpus.split", description=__doc__)
-    parser.add_argument("--seed", type=int, required=True)
+    chosen = parser.add_mutually_exclusive_group(required=True)
+    chosen.add_argument("--seed", type=int, help="draw the split (once)")
+    chosen.add_argument("--redraw", type=int, metavar="SEED", help="a later held-out score")
+    parser.add_argument("--why", default="", help="what changed since the last score (--redraw)")
     args = parser.parse_args(argv)
+    if args.redraw is not None:
+        return write_redraw(args.redraw, args.why)
     if SPLIT.exists():
         print(f"{SPLIT} exists: the split is drawn once; it is frozen", file=sys.stderr)
         return 2
