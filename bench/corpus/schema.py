@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 from typing import Literal
 
@@ -98,3 +99,46 @@ class Corpus(BaseModel):
 
 def load_corpus(path: Path = CORPUS) -> Corpus:
     return Corpus.model_validate(yaml.safe_load(Path(path).read_text()))
+
+
+FORMS_TABLE = Path(__file__).with_name("forms.yaml")
+
+
+class Form(BaseModel):
+    """A corpus row reproduced once more, in the form its reporters trained in (forms.yaml):
+    the same report, the same root cause, another app (bench/corpus/apps/FORM)."""
+
+    model_config = ConfigDict(extra="forbid")
+    id: str
+    """The corpus row (an id of corpus.yaml)."""
+    form: Literal["hf", "lightning", "ours"]
+    """The app it is reproduced in here; the loop form is corpus.yaml's own."""
+    switch: str
+    """The one config key of that app that plants the bug (`bug.NAME`, true = bug on)."""
+    base: list[str] = []
+    """Overrides the fault and its clean twin share in that app."""
+
+    @field_validator("switch")
+    @classmethod
+    def _one_key(cls, switch: str) -> str:
+        return Row._one_key(switch)  # the corpus's rule for a switch
+
+    fault_overrides = Row.fault_overrides  # the base, and the switch on
+    twin_overrides = Row.twin_overrides  # the base alone
+
+
+class Forms(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    forms: list[Form] = Field(min_length=1)
+
+
+def load_forms(path: Path = FORMS_TABLE, corpus: Path = CORPUS) -> Forms:
+    """forms.yaml: each entry a row of the corpus, each row in a form at most once."""
+    forms = Forms.model_validate(yaml.safe_load(Path(path).read_text())).forms
+    known = {row.id for row in load_corpus(corpus).rows}
+    if unknown := [f.id for f in forms if f.id not in known]:
+        raise ValueError(f"forms.yaml names rows the corpus does not have: {unknown}")
+    seen = Counter((f.id, f.form) for f in forms)
+    if twice := [pair for pair, count in seen.items() if count > 1]:
+        raise ValueError(f"forms.yaml gives rows the same form twice: {twice}")
+    return Forms(forms=forms)
