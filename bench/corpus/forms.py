@@ -104,7 +104,8 @@ def table(results: list[dict[str, Any]]) -> str:
         f"- twins with a finding or a failed check: {alarms} of {len(results)}",
         "",
         "harm: the correct held-out next-token loss, fault over twin - 1; eval_loss: what the "
-        "user's Trainer logged (their own loss).",
+        "user's Trainer logged (their own loss; the stock loss's eval_loss divides by every "
+        "label, position 0 too, which the shift drops: ~4% under the token mean here).",
         "",
         "checks (fault): those failed, and those warned that the twin did not warn.",
         "",
