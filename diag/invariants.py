@@ -32,6 +32,21 @@ FROZEN_SHARE = 0.9
 """Share of a model's parameters (elements) frozen above which a run that also stops learning
 is read as frozen by mistake: an L0 warning (fine-tuning freezes most parameters on purpose)
 that becomes a finding only with the harm it predicts (a flat loss)."""
+FAIR_STREAM_GAP = 0.1
+"""Within the first epoch every training batch is unseen data, so its loss (before its update)
+estimates the held-out loss at the same weights: a fair stream's mean relative gap scatters
+around 0, below it with dropout, which only the training forward applies (healthy reference,
+bench/corpus/results/invariants.md: the corpus app's clean twins and the Hugging Face app read
+within +-0.05). Batches in storage order, or one batch again, fit the recent batches far
+better than held-out data: a mean gap above this cut (2x the healthy extreme). It assumes a
+batch's loss is a tight estimate (hundreds of tokens); a loop of a few samples per batch
+scatters more."""
+FAIR_STREAM_READS = 3
+"""Reads in the first epoch needed to judge the stream (the first is at untrained weights,
+where any stream reads the same): fewer, and the check is skipped."""
+PROBABILITY_TOL = 1e-3
+"""Rows of a softmax output sum to 1 up to float rounding (~1e-6 in fp32, ~1e-3 in bf16);
+logits, unbounded scores, sum to 1 on every row while all lie in [0, 1] only by design."""
 
 
 @dataclass(frozen=True)
@@ -167,4 +182,57 @@ def replicas_disagree(checksums: Sequence[float], rel_tol: float = 1e-6) -> list
         Violation("replicas_agree", f"rank {rank}", f"checksum {value:.10g} vs {reference:.10g}")
         for rank, value in enumerate(checksums[1:], start=1)
         if not math.isclose(value, reference, rel_tol=rel_tol, abs_tol=1e-12)
+    ]
+
+
+def stream_gap(reads: Sequence[tuple[int, float, float]], epoch_steps: int) -> float | None:
+    """How far the training loss sits below the held-out loss within the first epoch: the
+    mean over reads of (held-out - train) / held-out. `reads`: (optimizer step, the loss of
+    that step's training batch before its update, the held-out loss at the same weights).
+    Within the first epoch every training batch is unseen data, so in a fair stream the two
+    estimate the same number and the gap scatters around 0 (below it with dropout, which only
+    the training forward applies). None: fewer than FAIR_STREAM_READS reads in the epoch."""
+    gaps = [
+        (heldout - train) / heldout
+        for step, train, heldout in reads
+        if step < epoch_steps and heldout > 0 and math.isfinite(train) and math.isfinite(heldout)
+    ]
+    if len(gaps) < FAIR_STREAM_READS:
+        return None
+    return sum(gaps) / len(gaps)  # the mean: a batch's loss is unbiased, its median is not
+
+
+def unfair_stream(reads: Sequence[tuple[int, float, float]], epoch_steps: int) -> list[Violation]:
+    """The training batches of the first epoch fit far better than held-out data: they are not
+    a fair sample of it (stored in order and not shuffled, or the same batch again). Hook: on
+    probed steps of the first epoch, the step's training loss and the step scan's held-out
+    loss at 0x the step (`step/loss_x0`, the weights before it)."""
+    gap = stream_gap(reads, epoch_steps)
+    if gap is None or gap <= FAIR_STREAM_GAP:
+        return []
+    first = sum(step < epoch_steps for step, _, _ in reads)
+    return [
+        Violation(
+            "training_batches_are_a_fair_sample",
+            f"{first} reads in its first {epoch_steps} steps",
+            f"training loss sits {gap:.0%} below the held-out loss (mean)",
+        )
+    ]
+
+
+def probabilities_into_loss(reads: Sequence[tuple[float, float, float]]) -> list[Violation]:
+    """Cross-entropy given probabilities where it expects logits: it applies log-softmax
+    itself, so a softmax before it is applied twice and the loss can barely move (its input is
+    squeezed into [0, 1]). `reads`: one per cross-entropy call read, (smallest, largest input
+    value, largest |sum over the class dimension - 1|). Hook: a torch function mode over the
+    first steps' forward and loss, reading the input of F.cross_entropy (nn.CrossEntropyLoss
+    calls it; so does a Hugging Face model's loss)."""
+    return [
+        Violation(
+            "cross_entropy_gets_logits",
+            f"call {call}",
+            f"input in [{low:.3g}, {high:.3g}], rows sum to 1 within {off:.1g}",
+        )
+        for call, (low, high, off) in enumerate(reads)
+        if low >= 0 and high <= 1 and off <= PROBABILITY_TOL
     ]

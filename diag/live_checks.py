@@ -89,6 +89,13 @@ class LiveFacts:
     """The run's optimizer steps, when told (Probe(total_steps=), a trainer's max_steps)."""
     replica_checksums: list[float] | None = None
     """Each rank's float64 parameter sum after the first step (None: one process)."""
+    stream: list[tuple[int, float, float]] = field(default_factory=list)
+    """(step, its training batch's loss before the update, the held-out loss at the same
+    weights) on probed steps with a step scan."""
+    epoch_steps: int | None = None
+    """Optimizer steps in one pass over the training data, when told (Probe(epoch_steps=))."""
+    loss_inputs: list[tuple[float, float, float]] = field(default_factory=list)
+    """Per cross-entropy call of the first steps: (min, max, max |row sum - 1|) of its input."""
 
 
 def as_job_config(facts: LiveFacts) -> dict:
@@ -149,7 +156,28 @@ def invariant_checks(facts: LiveFacts, rules: dict) -> list[Check]:
         _violations(rules["params_frozen"], frozen if facts.total_elements else None, "warn"),
         _violations(rules["lr_schedule_collapse"], collapse, "fail"),
         _violations(rules["replicas_disagree"], replicas, "fail"),
+        _fair_stream(facts, rules["unshuffled_data"]),
+        _violations(
+            rules["probabilities_into_cross_entropy"],
+            invariants.probabilities_into_loss(facts.loss_inputs) if facts.loss_inputs else None,
+            "fail",
+        ),
     ]
+
+
+def _fair_stream(facts: LiveFacts, rule: dict) -> Check:
+    """The training loss against the held-out loss in the first epoch; the value is the mean
+    gap (hyprun.diag.invariants.stream_gap), so a healthy run shows where it sits."""
+    gap = invariants.stream_gap(facts.stream, facts.epoch_steps) if facts.epoch_steps else None
+    threshold = f"mean gap <= {invariants.FAIR_STREAM_GAP:.0%}"
+    if gap is None:
+        return _check(rule, "skip", "skip", None, threshold)
+    found = invariants.unfair_stream(facts.stream, facts.epoch_steps)
+    if not found:
+        return _check(rule, "pass", "pass", round(gap, 4), threshold)
+    first = found[0]
+    fields = {"where": first.where, "evidence": first.evidence}
+    return _check(rule, "fail", "violated", round(gap, 4), threshold, **fields)
 
 
 def _violations(rule: dict, found: list[invariants.Violation] | None, status: str) -> Check:

@@ -231,6 +231,8 @@ class Checks(Strict):
     params_frozen: Invariant
     lr_schedule_collapse: Invariant
     replicas_disagree: Invariant
+    unshuffled_data: Invariant
+    probabilities_into_cross_entropy: Invariant
 
 
 class BytesPerParam(Strict):

@@ -181,3 +181,96 @@ def test_the_probe_compares_replicas_after_the_first_step_in_two_gloo_processes(
     args = (str(workdir / "init-probe"), uri, out)
     torch.multiprocessing.spawn(_probe_on_rank, args=args, nprocs=2)
     assert torch.load(out) == ["pass", "fail"]  # with DDP, then without
+
+
+def stream(gap: float, steps: range) -> list[tuple[int, float, float]]:
+    """Reads whose training loss sits `gap` (a share) below a held-out loss of 2.0."""
+    return [(step, 2.0 * (1 - gap), 2.0) for step in steps]
+
+
+def test_the_fair_stream_check_reads_the_first_epoch_only():
+    fair = healthy_facts(stream=stream(0.01, range(0, 64, 8)), epoch_steps=64)
+    assert by_id(fair)["unshuffled_data"] == "pass"
+    assert (
+        by_id(healthy_facts(stream=stream(0.4, range(0, 64, 8)), epoch_steps=64))["unshuffled_data"]
+        == "fail"
+    )
+    # after the first epoch a training loss below the held-out one is fitting, not a bad stream
+    late = stream(0.0, range(0, 64, 16)) + stream(0.4, range(64, 256, 16))
+    assert by_id(healthy_facts(stream=late, epoch_steps=64))["unshuffled_data"] == "pass"
+    unknown = healthy_facts(stream=stream(0.4, range(0, 64, 8)))  # no epoch length told
+    assert by_id(unknown)["unshuffled_data"] == "skip"
+
+
+def test_the_loss_input_check_fails_probabilities_and_passes_logits():
+    assert by_id(healthy_facts())["probabilities_into_cross_entropy"] == "skip"  # none read
+    logits = healthy_facts(loss_inputs=[(-4.2, 6.1, 3.5)])
+    assert by_id(logits)["probabilities_into_cross_entropy"] == "pass"
+    probabilities = healthy_facts(loss_inputs=[(0.002, 0.15, 2e-7)])
+    assert by_id(probabilities)["probabilities_into_cross_entropy"] == "fail"
+
+
+CLASSES, FEATURES, TRAIN, HELDOUT, BATCH = 4, 8, 1024, 4096, 32
+
+
+def classifier_loop(uri: str, bug: str = "") -> dict[str, dict]:
+    """A 4-class classifier trained one epoch under the probe, with batches large enough that
+    their losses are tight estimates (the fair-stream check compares them);
+    `sorted`: the data stored by class and not shuffled; `softmax`: probabilities into
+    cross-entropy. The L0 checks the probe recorded, by id."""
+    torch.manual_seed(0)
+    centres = torch.randn(CLASSES, FEATURES) * 2
+    labels = torch.randint(0, CLASSES, (TRAIN + HELDOUT,))
+    x = centres[labels] + torch.randn(TRAIN + HELDOUT, FEATURES) * 2
+    train_x, train_y, heldout = x[:TRAIN], labels[:TRAIN], (x[TRAIN:], labels[TRAIN:])
+    order = torch.argsort(train_y, stable=True) if bug == "sorted" else torch.randperm(TRAIN)
+    model = nn.Sequential(nn.Linear(FEATURES, 32), nn.ReLU(), nn.Linear(32, CLASSES))
+
+    def loss_fn(net, batch):
+        scores = net(batch[0])
+        scores = scores.softmax(-1) if bug == "softmax" else scores
+        return nn.functional.cross_entropy(scores, batch[1])
+
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    probe = Probe(
+        model,
+        optimizer,
+        step_unit="steps",
+        every_steps=4,
+        heldout=heldout,
+        loss_fn=loss_fn,
+        epoch_steps=32,
+    )
+    for rows in order.split(BATCH):
+        loss = loss_fn(model, (train_x[rows], train_y[rows]))
+        loss.backward()
+        probe.after_backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+    probe.close()
+    tags = MlflowClient(uri).get_run(probe.run_id).data.tags
+    return {c["id"]: c for c in json.loads(tags[L0_TAG])}
+
+
+def test_a_real_loop_fails_the_fair_stream_check_only_when_its_data_is_in_order(uri):
+    fair, ordered = classifier_loop(uri), classifier_loop(uri, "sorted")
+    assert fair["unshuffled_data"]["status"] == "pass", fair["unshuffled_data"]
+    assert ordered["unshuffled_data"]["status"] == "fail", ordered["unshuffled_data"]
+    assert ordered["probabilities_into_cross_entropy"]["status"] == "pass"
+
+
+def test_a_real_loop_fails_the_loss_input_check_only_with_softmax_before_cross_entropy(uri):
+    fair, twice = classifier_loop(uri), classifier_loop(uri, "softmax")
+    assert fair["probabilities_into_cross_entropy"]["status"] == "pass"
+    assert twice["probabilities_into_cross_entropy"]["status"] == "fail"
+    assert twice["unshuffled_data"]["status"] == "pass"
+
+
+def test_probabilities_into_cross_entropy_outranks_the_flat_loss_it_causes():
+    checks = [c.__dict__ for c in live_checks(healthy_facts(loss_inputs=[(0.0, 0.2, 1e-7)]))]
+    flat = [(step, 3.87 - 0.001 * step) for step in range(40)]  # as double_softmax's loss
+    small_steps = [(step, 1e-3) for step in range(0, 40, 4)]
+    series = {"train/loss": flat, "param/update_ratio": small_steps}
+    findings = triage(Evidence(static=checks, series=series)).findings
+    assert findings[0].id == "probabilities_into_cross_entropy", [f.id for f in findings]
+    assert "loss_flat" in [f.id for f in findings[1:]]  # the harm it causes, ranked below

@@ -1067,6 +1067,8 @@ NO_CARD_ROWS = {"noisy_labels", "noisy_labels_flat"} | {  # broken invariants: a
     "lr_schedule_collapse",
     "params_not_in_optimizer",
     "params_frozen",
+    "unshuffled_data",
+    "probabilities_into_cross_entropy",
 }
 
 

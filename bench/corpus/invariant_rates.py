@@ -1,6 +1,7 @@
 """The invariants' false alarms on healthy runs and what they see on the corpus's faults (python -m
 bench.corpus.invariant_rates): diag/invariants.py through the probe's hooks
-(runner/job/invariant_hooks.py, via bench/corpus/watch.py, every step read) on the corpus app,
+(runner/job/invariant_hooks.py, via bench/corpus/watch.py, every step read; the checks that need
+the probe's step scan, PROBE_CHECKS, from the probe's own L0 record) on the corpus app,
 every distinct clean twin on seeds 0 and 1, and the Hugging Face Trainer app of
 tests/apps/hf_gpt2 (the healthy populations), and every row's fault on seed 0. Writes
 results/invariants.json and .md.
@@ -13,6 +14,7 @@ that sets nothing.
 from __future__ import annotations
 
 import json
+import math
 import tempfile
 from pathlib import Path
 
@@ -22,18 +24,54 @@ from bench.corpus.apps.loop.train import fit
 from bench.corpus.compose import app_config
 from bench.corpus.schema import load_corpus
 from bench.corpus.watch import InvariantWatch
+from hyprun.diag.live_checks import L0_TAG
 
 RESULTS = Path(__file__).with_name("results")
 SEEDS = (0, 1)
+PROBE_CHECKS = ("unshuffled_data", "probabilities_into_cross_entropy")
+"""Invariants read from the probe's L0 record: they need its step scan or its loss reads."""
+STREAM_GAPS: dict[str, float] = {}
+"""By run: the fair-stream check's mean first-epoch gap (its healthy reference)."""
+
+
+class Recorder:
+    """An in-memory tracker for the probe (no MLflow): the tags it set."""
+
+    run_id = "in-memory"
+
+    def __init__(self):
+        self.tags: dict[str, str] = {}
+
+    def set_tags(self, tags: dict) -> None:
+        self.tags.update(tags)
+
+    def log_metrics(self, metrics: dict, step: int) -> None:
+        pass
+
+    def finish(self, status) -> None:
+        pass
+
+
+def probe_fired(recorder: Recorder, name: str) -> dict[str, list[str]]:
+    """PROBE_CHECKS the probe failed, by id; the stream gap kept in STREAM_GAPS[name]."""
+    checks = {c["id"]: c for c in json.loads(recorder.tags.get(L0_TAG, "[]"))}
+    gap = checks.get("unshuffled_data", {}).get("value")
+    if isinstance(gap, int | float) and math.isfinite(gap):
+        STREAM_GAPS[name] = gap
+    failed = [k for k in PROBE_CHECKS if checks.get(k, {}).get("status") == "fail"]
+    return {k: [checks[k]["why"]] for k in failed}
 
 
 def fired(overrides: list[str], seed: int) -> dict[str, list[str]]:
     """The invariants a run of the loop app breaks: {invariant: [where, ...]}."""
     cfg = app_config("loop", [*overrides, f"seed={seed}"])
     watches: list[InvariantWatch] = []
-    fit(cfg, probe=False, attach=lambda model, opt: watches.append(InvariantWatch(model, opt)))
+    recorder = Recorder()
+    attach = lambda model, opt: watches.append(InvariantWatch(model, opt))  # noqa: E731
+    fit(cfg, probe=True, attach=attach, tracker=recorder)
     found = watches[0].violations(cfg.train.steps)
-    return {name: [v.where for v in found[name]] for name in found if found[name]}
+    out = {name: [v.where for v in found[name]] for name in found if found[name]}
+    return out | probe_fired(recorder, f"loop {' '.join(overrides) or 'default'} seed={seed}")
 
 
 HF_CONFIGS = (
@@ -57,6 +95,7 @@ def fired_hf(overrides: list[str], seed: int) -> dict[str, list[str]]:
         set_seed,
     )
 
+    from hyprun.runner.job.callbacks import HyprunTrainerCallback
     from tests.apps.hf_gpt2.train import Sequences, markov_tokens
 
     conf = Path(__file__).resolve().parents[2] / "tests/apps/hf_gpt2/conf"
@@ -75,6 +114,9 @@ def fired_hf(overrides: list[str], seed: int) -> dict[str, list[str]]:
     training.update(report_to=[], save_strategy="no")
     folder = tempfile.mkdtemp(prefix="hyprun-inv-hf-")
     args = TrainingArguments(output_dir=folder, seed=seed, data_seed=d.seed, **training)
+    recorder = Recorder()
+    epoch = d.n_train // (args.per_device_train_batch_size * args.gradient_accumulation_steps)
+    probe = HyprunTrainerCallback(every_steps=cfg.probe_every, epoch_steps=epoch, tracker=recorder)
     trainer = Trainer(
         model=model,
         args=args,
@@ -84,11 +126,12 @@ def fired_hf(overrides: list[str], seed: int) -> dict[str, list[str]]:
         eval_dataset=Sequences(
             markov_tokens(d.vocab_size, d.seq_len, d.n_eval, d.eval_seed, d.follow)
         ),
-        callbacks=[Attach()],
+        callbacks=[Attach(), probe],
     )
     trainer.train()
     found = watches[0].violations(cfg.training.max_steps)
-    return {name: [v.where for v in found[name]] for name in found if found[name]}
+    out = {name: [v.where for v in found[name]] for name in found if found[name]}
+    return out | probe_fired(recorder, f"hf_gpt2 {' '.join(overrides) or 'as shipped'} seed={seed}")
 
 
 def main() -> int:
@@ -103,6 +146,7 @@ def main() -> int:
             healthy[f"hf_gpt2 {' '.join(overrides) or 'as shipped'} seed={seed}"] = fired_hf(
                 overrides, seed
             )
+    healthy_gaps = dict(STREAM_GAPS)
     for row in rows:
         faults[row.id] = fired(row.fault_overrides, 0)
     alarms = {name: sum(bool(f) for f in healthy.values()) for name in ("any",)}
@@ -115,6 +159,10 @@ def main() -> int:
         "| --- | --- |",
         *(f"| {k} | {', '.join(v) or 'none'} |" for k, v in healthy.items()),
         "",
+        "| healthy run | fair-stream gap (mean, first epoch) |",
+        "| --- | --- |",
+        *(f"| {k} | {v:+.4f} |" for k, v in healthy_gaps.items()),
+        "",
         "| fault (seed 0) | invariants broken |",
         "| --- | --- |",
         *(f"| {k} | {', '.join(v) or 'none'} |" for k, v in faults.items()),
@@ -124,7 +172,7 @@ def main() -> int:
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "invariants.md").write_text(text)
     (RESULTS / "invariants.json").write_text(
-        json.dumps({"healthy": healthy, "faults": faults}, indent=1)
+        json.dumps({"healthy": healthy, "faults": faults, "stream_gaps": healthy_gaps}, indent=1)
     )
     return 0
 

@@ -25,6 +25,7 @@ class InvariantWatch:
         optimizer.register_step_post_hook(lambda optimizer, *_: self.hooks.stepped(optimizer))
 
     def _before_step(self, optimizer, args, kwargs) -> None:
+        self.hooks.loss_read_done()
         named = dict(self.model.named_parameters())
         trainable = [n for n, p in named.items() if p.requires_grad]
         self.no_grad_at_step |= {n for n in trainable if named[n].grad is None}

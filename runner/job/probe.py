@@ -44,7 +44,7 @@ from torch import nn
 from hyprun.diag import probes
 from hyprun.diag.efficiency import mfu, transformer_flops_per_token
 from hyprun.diag.evidence import NAN_MODULE_TAG, OUTCOME_TAG
-from hyprun.diag.features import SCAN_TAG
+from hyprun.diag.features import SCAN_BATCH_LOSS, SCAN_TAG
 from hyprun.diag.live_checks import L0_TAG, LiveFacts, live_checks
 from hyprun.diag.spikes import SpikeDetector
 from hyprun.runner.job import stop
@@ -84,6 +84,9 @@ class Probe:
         None: judged from what the first step shows (trainer callbacks pass their trainer's).
     total_steps: the run's optimizer steps, when known (trainer callbacks pass max_steps): the
         LR schedule collapse check needs it; None: that check is skipped.
+    epoch_steps: optimizer steps in one pass over the training data, when known: the
+        fair-stream check compares the training loss with the step scan's held-out loss within
+        the first epoch (it needs `heldout`); None: that check is skipped.
     tracker: where to log (default: hyprun.runner.store.tracking.open_app_run, on rank 0 only).
 
     At its first two optimizer steps the probe also reads what the optimizer and model say
@@ -92,7 +95,9 @@ class Probe:
     `hyprun.l0_checks`), which `hyprun diagnose` reads as it reads the job's. Hooks keep
     reading the invariants of hyprun.diag.invariants over the run (runner/job/invariant_hooks.py:
     gradients reset between steps, dropout/batch-norm modes, the LR against `total_steps`,
-    replicas after the first step), and the checks are recorded again at `close()`.
+    replicas after the first step, cross-entropy given logits at the first steps, the training
+    loss against the held-out one in the first epoch), and the checks are recorded again at
+    `close()`.
     """
 
     def __init__(
@@ -119,6 +124,7 @@ class Probe:
         loss_fn: Callable[[nn.Module, Any], Any] | None = None,
         grad_clip: float | None = None,
         total_steps: int | None = None,
+        epoch_steps: int | None = None,
         watch_forward: bool = True,
         hook_optimizer: bool = True,
         tracker=None,
@@ -181,6 +187,7 @@ class Probe:
         self._last_end: float | None = None
         self._step_started = False
         self._last_inputs: tuple[tuple, dict] | None = None
+        self._normalised_over_step = False
         self._replay: Callable[[], Any] | None = None
         self._probed: dict[str, float] = {}
         self._before: dict[str, torch.Tensor] = {}
@@ -201,7 +208,7 @@ class Probe:
         self.facts: LiveFacts | None = None
         """What the optimizer and model said at the first steps (the L0 checks' input)."""
         self._grad_clip = grad_clip
-        self.total_steps = total_steps
+        self.total_steps, self.epoch_steps = total_steps, epoch_steps
         self.invariants = InvariantHooks(model, self._reads_stale_grads)
         """The run-long invariants' hooks (mode modules, gradients left over, LRs)."""
         self.schedule = probes.ProbeSchedule(every_steps, max_overhead, free_probes)
@@ -239,6 +246,7 @@ class Probe:
         steps, measures the gradients (each call overwrites: the last micro-batch of a step
         sees the accumulated gradient, the one the step applies)."""
         start = time.perf_counter()
+        self.invariants.loss_read_done()
         if loss is not None:
             self.note_loss(loss)
         self._close_activations()
@@ -276,6 +284,12 @@ class Probe:
         if self._before:
             metrics.update(self._parameters())
         self._probed, self._before = {}, {}
+        if SCAN_BATCH_LOSS in metrics and self._micro_losses:  # the fair-stream invariant's read
+            micro = torch.stack([t.float() for t in self._micro_losses])
+            # a forward given num_items_in_batch (the HF Trainer under accumulation) returns
+            # its share of the step's token mean: the step's loss is their sum
+            trained = float(micro.sum() if self._normalised_over_step else micro.mean())
+            self.invariants.heldout_read(trained, metrics[SCAN_BATCH_LOSS])
         self.invariants.stepped(self.optimizer)
         if self.steps == 0 and self.facts is not None and self.world > 1:
             self.facts.replica_checksums = parameter_checksums([p for _, p in self.named])
@@ -337,6 +351,7 @@ class Probe:
         self._step_tokens += _count_tokens((args, kwargs))
         self._seq_len = _sequence_length((args, kwargs)) or self._seq_len
         self._last_inputs = (args, kwargs)
+        self._normalised_over_step = kwargs.get("num_items_in_batch") is not None
 
     def _after_forward(self, module, args, output) -> None:
         if not (module.training and torch.is_grad_enabled()):
@@ -496,7 +511,7 @@ class Probe:
     def _log_checks(self) -> None:
         if self.facts is None or not self.facts.optimizer:
             return  # no optimizer the probe can read: no L0 check
-        read_invariants(self.facts, self.invariants, self.total_steps)
+        read_invariants(self.facts, self.invariants, self.total_steps, self.epoch_steps)
         checks = [asdict(c) for c in live_checks(self.facts)]
         if tracker := self._open():
             tracker.set_tags({L0_TAG: json.dumps(checks, default=str)})
@@ -563,6 +578,7 @@ class Probe:
         """A non-finite loss: name the first module that produced one, record it, stop."""
         self.diverged = True
         self._close_activations()
+        self.invariants.own_forward = True  # the replay is not the loop's evaluation
         if self._replay is not None:
             self.nan_module = probes.first_nonfinite_module(self.model, self._replay)
         elif self._last_inputs is not None:
@@ -570,6 +586,7 @@ class Probe:
             self.nan_module = probes.first_nonfinite_module(
                 self.model, lambda: self.model(*args, **kwargs)
             )
+        self.invariants.own_forward = False
         self.steps += 1
         self.tokens += self.tokens_per_step or self._step_tokens * self.world
         self._log({"train/loss": float("nan")})
@@ -820,13 +837,20 @@ def read_optimizer(facts: LiveFacts, optimizer: Any, named: list[tuple[str, nn.P
     facts.decayed_norms_biases = [n for n, p in named if p.dim() <= 1 and id(p) in decayed]
 
 
-def read_invariants(facts: LiveFacts, hooks: InvariantHooks, total_steps: int | None) -> None:
+def read_invariants(
+    facts: LiveFacts,
+    hooks: InvariantHooks,
+    total_steps: int | None,
+    epoch_steps: int | None = None,
+) -> None:
     """What the invariant hooks saw so far, into the facts the L0 checks read."""
     facts.stale_grads = dict(hooks.stale)
     facts.eval_at_train = sorted(hooks.eval_at_train)
     facts.train_at_eval = sorted(hooks.train_at_eval)
     facts.trainable_elements, facts.total_elements = hooks.trainable_elements, hooks.total_elements
     facts.lrs, facts.total_steps = list(hooks.lrs), total_steps
+    facts.stream, facts.epoch_steps = list(hooks.stream), epoch_steps
+    facts.loss_inputs = list(hooks.loss_inputs)
 
 
 def read_model(facts: LiveFacts, model: nn.Module) -> None:

@@ -73,6 +73,12 @@ def step_loss(model, micro: list, bug, accum: int) -> float:
     return float(sum(total.detach() for total, _ in losses)) / step_tokens
 
 
+def mean_token_loss(model, x: torch.Tensor, y: torch.Tensor, bug) -> torch.Tensor:
+    """The training loss of one batch as the loop computes it, as a token mean."""
+    total, count = token_loss(model(x), x, y, bug)
+    return total / max(count, 1)
+
+
 def fit(cfg: DictConfig, log=None, probe: bool = True, attach=None, tracker=None) -> float:
     """Train as configured; `log(name, value, step)` gets each eval loss; the last one returned.
     `probe`: attach hyprun's Probe (it logs into the active MLflow run, or into `tracker`);
@@ -85,8 +91,17 @@ def fit(cfg: DictConfig, log=None, probe: bool = True, attach=None, tracker=None
     steps_per_epoch = d.n_train // (t.batch * t.accum)
     stream = micro_batches(cfg, train_set)
     watch = None
-    if probe:
-        watch = Probe(model, optimizer, step_unit="steps", total_steps=t.steps, tracker=tracker)
+    if probe:  # the held-out set for the step scan, read with the loop's own training loss
+        watch = Probe(
+            model,
+            optimizer,
+            step_unit="steps",
+            heldout=(heldout["x"], heldout["y"]),
+            loss_fn=lambda net, batch: mean_token_loss(net, *batch, bug),
+            total_steps=t.steps,
+            epoch_steps=steps_per_epoch,
+            tracker=tracker,
+        )
     if attach:
         attach(model, optimizer)
     model.train()
