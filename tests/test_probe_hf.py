@@ -42,8 +42,9 @@ def tiny_gpt2(seed: int = 0) -> GPT2LMHeadModel:
     return GPT2LMHeadModel(config)
 
 
-def train(tmp_path, model, callbacks, steps: int = STEPS) -> Trainer:
+def train(tmp_path, model, callbacks, steps: int = STEPS, accumulation: int = 1) -> Trainer:
     args = TrainingArguments(
+        gradient_accumulation_steps=accumulation,
         output_dir=str(tmp_path / "out"),
         max_steps=steps,
         per_device_train_batch_size=BATCH,
@@ -122,6 +123,19 @@ def test_trainer_callback_logs_the_jobs_l1_metrics(workdir, mlflow_env):
     assert run.info.status == "RUNNING", "the adapter owns the run's status, not the probe"
     assert run.data.tags["hyprun.step_unit"] == "tokens"
     assert run.data.tags["hyprun.blocks"] == "transformer.h"
+
+
+def test_the_training_loss_under_gradient_accumulation_is_the_trainers_own(workdir, mlflow_env):
+    """Under accumulation the Trainer gives each forward num_items_in_batch, and each returns its
+    share of the step's token mean: the probe sums the shares (their mean read the training loss
+    4x too low at 4 accumulation steps)."""
+    uri, run_id = mlflow_env
+    callback = HyprunTrainerCallback(every_steps=4)
+    trainer = train(workdir, tiny_gpt2(), [callback], steps=4, accumulation=4)
+    theirs = [e["loss"] for e in trainer.state.log_history if "loss" in e]
+    ours = [v for _, v in metric_history(uri, run_id, "train/loss")]
+    assert len(ours) == len(theirs) == 4
+    assert ours == pytest.approx(theirs, rel=2e-3)  # the Trainer rounds what it logs
 
 
 def test_diagnose_judges_what_a_probe_recorded_and_names_what_it_did_not(

@@ -284,11 +284,8 @@ class Probe:
         if self._before:
             metrics.update(self._parameters())
         self._probed, self._before = {}, {}
-        if SCAN_BATCH_LOSS in metrics and self._micro_losses:  # the fair-stream invariant's read
-            micro = torch.stack([t.float() for t in self._micro_losses])
-            # a forward given num_items_in_batch (the HF Trainer under accumulation) returns
-            # its share of the step's token mean: the step's loss is their sum
-            trained = float(micro.sum() if self._normalised_over_step else micro.mean())
+        trained = self._step_loss()
+        if SCAN_BATCH_LOSS in metrics and trained is not None:  # the fair-stream invariant's read
             self.invariants.heldout_read(trained, metrics[SCAN_BATCH_LOSS])
         self.invariants.stepped(self.optimizer)
         if self.steps == 0 and self.facts is not None and self.world > 1:
@@ -296,9 +293,8 @@ class Probe:
         self.steps += 1
         self.tokens += self.tokens_per_step or self._step_tokens * self.world
         self._step_tokens, self._step_started = 0, False
-        if self._micro_losses:
-            losses = torch.stack([t.float() for t in self._micro_losses])
-            self._window_losses.append(float(losses.mean()))
+        if trained is not None:
+            self._window_losses.append(trained)
             self._micro_losses, self._checked = [], 0
         self._window_steps += 1
         if self.steps % self.log_every == 0:
@@ -341,6 +337,16 @@ class Probe:
         """The MLflow run the probe logs into (rank 0; None on other ranks)."""
         tracker = self._open()
         return tracker.run_id if tracker else None
+
+    def _step_loss(self) -> float | None:
+        """The training loss of the step just taken, from its micro-batches' losses: their mean,
+        or their sum where each forward was given num_items_in_batch (the HF Trainer under
+        gradient accumulation: each returns its share of the step's token mean, and a mean
+        would read the loss N times too low)."""
+        if not self._micro_losses:
+            return None
+        micro = torch.stack([t.float() for t in self._micro_losses])
+        return float(micro.sum() if self._normalised_over_step else micro.mean())
 
     # ------------------------------------------------------------ hooks
 
