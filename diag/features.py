@@ -91,6 +91,13 @@ def _loss(ev: Evidence, out: Features) -> None:
             f"(dropped {1.0 - end / start:.1%})",
         )
         out["loss_last"] = Feature(end, f"train loss at the end (tail median): {end:.4g}")
+    rise = _early_rise(finite)
+    if rise is not None:
+        out["loss_early_rise"] = Feature(
+            rise,
+            f"train loss peaked {rise:+.1%} from its first value {start:.4g} within the first "
+            f"{EARLY_SHARE:.0%} of tokens",
+        )
     best = _best_level(finite)
     if best is not None and end is not None and best > 0:
         out["loss_rebound"] = Feature(
@@ -106,6 +113,25 @@ def _loss(ev: Evidence, out: Features) -> None:
             f"{len(idx)} train loss spikes (> 6σ or > 10x the moving average of the last 128)"
             + (f" at tokens {where}" if idx else ""),
         )
+
+
+EARLY_SHARE = 0.2
+"""The start of a run, as a share of its token span, read for an early surge of the loss: a
+fresh model's loss only falls from its first value, so a loss that climbs above it there took
+steps larger than the surface allowed before any schedule had settled (no warmup, an LR too
+high)."""
+
+
+def _early_rise(points: Points) -> float | None:
+    """The highest train loss after the first point within the first EARLY_SHARE of the tokens,
+    over the first loss, minus 1; None with fewer than 3 points there or a first loss <= 0."""
+    if len(points) < 2 or points[0][1] <= 0:
+        return None
+    end = points[0][0] + EARLY_SHARE * (points[-1][0] - points[0][0])
+    early = [v for s, v in points[1:] if s <= end]
+    if len(early) < 2:
+        return None
+    return max(early) / points[0][1] - 1.0
 
 
 REBOUND_WINDOW = 5
@@ -213,12 +239,22 @@ def _gradients(ev: Evidence, out: Features) -> None:
 
 
 def _parameters(ev: Evidence, out: Features) -> None:
-    """Step size, drift from init, embedding growth."""
+    """Step size, the weights' norm across the run, drift from init, embedding growth."""
     upd = _finite(ev.points("param/update_ratio"))
     if upd:
         med = S.median(upd)
         out["update_ratio_median"] = Feature(
             med, f"per-step update ratio ‖Δθ‖/‖θ‖ median {_g(med)} over {len(upd)} probes"
+        )
+    norm = _finite(ev.points("param/norm"))
+    shrink = S.last_over_first(norm)
+    if shrink is not None:
+        # Gradient steps leave the weights' norm where it started or above; a pull towards 0
+        # (weight decay) takes it below.
+        out["param_norm_growth"] = Feature(
+            shrink,
+            f"parameter norm {_g(S.first(norm))} at the first probe -> "
+            f"{_g(S.tail_median(norm, 0.1))} at the end ({shrink:.3g}x)",
         )
     dist = _finite(ev.points("param/dist_from_init"))
     if dist:
@@ -539,7 +575,7 @@ def _static(ev: Evidence, out: Features) -> None:
 NEEDS = {
     "train/loss": (
         "loss_trend loss_plateau loss_descending loss_plateau_long loss_oscillation "
-        "loss_rel_drop loss_last loss_rebound loss_spikes"
+        "loss_rel_drop loss_last loss_rebound loss_spikes loss_early_rise"
     ),
     "train/loss or the hyprun.outcome tag": "nonfinite_count diverged",
     "grad/norm": (
@@ -548,6 +584,7 @@ NEEDS = {
     ),
     "grad/norm/blocks.<i> (two or more blocks)": "grad_layer_ratio",
     "param/update_ratio": "update_ratio_median",
+    "param/norm": "param_norm_growth",
     "param/dist_from_init": "dist_from_init_last",
     "param/embedding_rms": "embedding_rms_last embedding_rms_growth",
     "step/loss_x<multiple> (probes.step_scan, 3+ probes at half the peak LR) and train/lr": (

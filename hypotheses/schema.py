@@ -64,6 +64,9 @@ Text = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1)]
 """A non-empty string."""
 Id = Annotated[str, StringConstraints(pattern=ID_PATTERN.pattern)]
 """A card or finding id."""
+FindingId = Annotated[str, StringConstraints(pattern=r"^(static\.)?[a-z0-9_]+$")]
+"""A finding id: a table row's, where a row named `static.<check>` turns an L0 check into a
+finding (diag/tables/warnings.yaml)."""
 Effect = Annotated[float, Field(strict=True, ge=0, allow_inf_nan=False)]
 """A relative effect >= 0; strict, so YAML 1.1's string `1e-2` or a bool is refused."""
 
@@ -116,7 +119,7 @@ class Card(Strict):
     guards: tuple[MetricSpec, ...] = ()
     """Metrics that must not regress beyond seed noise: a win on the primary metric that
     costs, say, throughput or loss elsewhere is not a win."""
-    triggers: tuple[Id, ...] = ()
+    triggers: tuple[FindingId, ...] = ()
     """Finding ids (diag/tables/*.yaml rows) that make this card a candidate to test."""
     claimed: Claim | None = None
     """What a report claimed for this change, so the measured effect can be set beside it."""

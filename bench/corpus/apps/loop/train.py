@@ -98,6 +98,7 @@ def fit(cfg: DictConfig, log=None, probe: bool = True, attach=None, tracker=None
             step_unit="steps",
             heldout=(heldout["x"], heldout["y"]),
             loss_fn=lambda net, batch: mean_token_loss(net, *batch, bug),
+            grad_clip=float(cfg.optim.clip or 0.0),  # what the loop applies, for the L0 check
             total_steps=t.steps,
             epoch_steps=steps_per_epoch,
             tracker=tracker,
