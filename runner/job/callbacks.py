@@ -55,7 +55,11 @@ def _trainer_callback() -> type:
             if clip > 0 and not args.deepspeed:
                 self.max_grad_norm, args.max_grad_norm = clip, 0.0
             optimizer = kwargs.get("optimizer")  # read for the LR; stepped by the Trainer
-            options = {"grad_clip": clip, "total_steps": state.max_steps or None, **self.options}
+            options = {"grad_clip": clip, "total_steps": state.max_steps or None}
+            options["epoch_steps"] = _epoch_steps(
+                kwargs.get("train_dataloader"), args.gradient_accumulation_steps
+            )
+            options |= self.options
             trainer = _calling_trainer()
             loader = kwargs.get("eval_dataloader")  # set once an evaluation ran
             if trainer is not None and trainer.eval_dataset and loader is None:
@@ -118,6 +122,14 @@ def _lightning_callback() -> type:
             self.probe.optimizer = optimizer
             self.steps_seen = trainer.global_step
 
+        def on_train_start(self, trainer, pl_module):
+            if self.probe is not None and self.probe.epoch_steps is None:  # batches now known
+                batches = trainer.num_training_batches
+                if batches != float("inf"):
+                    self.probe.epoch_steps = _epoch_steps(
+                        range(int(batches)), trainer.accumulate_grad_batches
+                    )
+
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
             self.probe.batch_start(batch)
 
@@ -157,6 +169,16 @@ def _lightning_callback() -> type:
                 self.probe.close()
 
     return _by_reference(HyprunLightningCallback)
+
+
+def _epoch_steps(loader: Any, accumulation: int) -> int | None:
+    """Optimizer steps in one pass over a training loader (None: its length is unknown, e.g.
+    an iterable dataset): what the probe's fair-stream invariant needs to know."""
+    try:
+        batches = len(loader)
+    except TypeError:
+        return None
+    return max(batches // max(accumulation, 1), 1) if batches else None
 
 
 def first_rows(batch: Any, rows: int) -> Any:
