@@ -129,5 +129,15 @@ def overrides_of(table: Table, entry: Entry) -> list[str]:
     plant; the data seed is applied by the runner."""
     if entry.family is None:
         healthy = {h.id: h for h in table.healthy}[entry.id]
-        return [*table.forms[entry.form].base, *healthy.overrides]
+        return [*table.forms[entry.form].base, *healthy_lr(table, entry, healthy.overrides)]
     return [*twin_of(table, entry), *plant(table, entry)]
+
+
+def healthy_lr(table: Table, entry: Entry, overrides: list[str]) -> list[str]:
+    """A healthy config runs at its form's best LR unless it sets its own (as the family split's
+    healthy entries do): the apps' own default LR, 3x below it, is 3x short of the best at this
+    budget (tests/test_app_evidence.py), which the step scan rightly reads as steps_too_short."""
+    key = table.forms[entry.form].keys["lr"]
+    if any(o.split("=", 1)[0].lstrip("+") == key for o in overrides):
+        return overrides
+    return [f"{key}={table.forms[entry.form].best_lr:g}", *overrides]
