@@ -14,6 +14,8 @@ import sys
 import time
 from pathlib import Path
 
+import yaml
+
 from bench.apps.__main__ import RESULTS, ROOT
 from bench.apps.run import EXPERIMENT, SEEDS, entry_overrides, folder_of
 from bench.apps.schema import load_table, twin_of
@@ -36,7 +38,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.apps.harm", description=__doc__)
     parser.add_argument("--set", choices=SETS, required=True, dest="set_name")
     parser.add_argument("--workdir", required=True, help="the benchmark run's --workdir")
+    parser.add_argument("--draw", type=Path, help="the later held-out draw that run scored")
     args = parser.parse_args(argv)
+    split = args.draw or SPLIT
+    name_of_set = (
+        f"{args.set_name}-{yaml.safe_load(split.read_text())['seed']}"
+        if args.draw
+        else args.set_name
+    )
     from hyprun.runner.control import controller
     from hyprun.runner.launch.app import HydraApp
     from hyprun.runner.launch.declaration import load_declaration
@@ -47,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.path.insert(0, str(ROOT))
     worker_setup(1, git_state()[0])
     table, rows = load_table(), []
-    for entry in [e for e in load_split()[args.set_name] if e.family]:
+    for entry in [e for e in load_split(split)[args.set_name] if e.family]:
         form = table.forms[entry.form]
         metric = load_declaration(folder_of(form.app) / "hyprun.yaml").metric.name
         name = entry.id.replace("/", "-")
@@ -64,8 +73,8 @@ def main(argv: list[str] | None = None) -> int:
         change = statistics.fmean(fault) / statistics.fmean(twin) - 1
         rows.append({"id": entry.id, "fault": fault, "twin": twin, "change": change})
         print(f"{entry.id}: fault {fault} twin {twin} change {change:+.1%}", flush=True)
-    meta = {"date": time.strftime("%Y-%m-%d %H:%M %Z"), "split_sha256": sha256(SPLIT)}
-    out = RESULTS / f"harm_{args.set_name}.json"
+    meta = {"date": time.strftime("%Y-%m-%d %H:%M %Z"), "split_sha256": sha256(split)}
+    out = RESULTS / f"harm_{name_of_set}.json"
     out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     return 0
 
