@@ -73,7 +73,11 @@ def main(argv: list[str] | None = None) -> int:
         change = statistics.fmean(fault) / statistics.fmean(twin) - 1
         rows.append({"id": entry.id, "fault": fault, "twin": twin, "change": change})
         print(f"{entry.id}: fault {fault} twin {twin} change {change:+.1%}", flush=True)
-    meta = {"date": time.strftime("%Y-%m-%d %H:%M %Z"), "split_sha256": sha256(split)}
+    meta = {
+        "date": time.strftime("%Y-%m-%d %H:%M %Z"),
+        "split": split.resolve().relative_to(ROOT).as_posix(),
+        "split_sha256": sha256(split),
+    }
     out = RESULTS / f"harm_{name_of_set}.json"
     out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     return 0
