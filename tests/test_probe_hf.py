@@ -42,7 +42,21 @@ def tiny_gpt2(seed: int = 0) -> GPT2LMHeadModel:
     return GPT2LMHeadModel(config)
 
 
-def train(tmp_path, model, callbacks, steps: int = STEPS, accumulation: int = 1) -> Trainer:
+class OwnLoss(Trainer):
+    """A Trainer subclass with its own loss, as users write one: the model is called without
+    labels (its forward returns no loss) and the next-token loss is taken from the logits."""
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        labels = inputs.pop("labels")
+        outputs = model(**inputs)
+        logits = outputs.logits[:, :-1].reshape(-1, outputs.logits.shape[-1])
+        loss = torch.nn.functional.cross_entropy(logits, labels[:, 1:].reshape(-1))
+        return (loss, outputs) if return_outputs else loss
+
+
+def train(
+    tmp_path, model, callbacks, steps: int = STEPS, accumulation: int = 1, trainer=Trainer
+) -> Trainer:
     args = TrainingArguments(
         gradient_accumulation_steps=accumulation,
         output_dir=str(tmp_path / "out"),
@@ -58,7 +72,7 @@ def train(tmp_path, model, callbacks, steps: int = STEPS, accumulation: int = 1)
         data_seed=0,
         dataloader_num_workers=0,
     )
-    trainer = Trainer(model=model, args=args, train_dataset=Tokens(), callbacks=callbacks)
+    trainer = trainer(model=model, args=args, train_dataset=Tokens(), callbacks=callbacks)
     trainer.train()
     return trainer
 
@@ -136,6 +150,19 @@ def test_the_training_loss_under_gradient_accumulation_is_the_trainers_own(workd
     ours = [v for _, v in metric_history(uri, run_id, "train/loss")]
     assert len(ours) == len(theirs) == 4
     assert ours == pytest.approx(theirs, rel=2e-3)  # the Trainer rounds what it logs
+
+
+@pytest.mark.parametrize("accumulation", [1, 2])
+def test_a_trainers_own_compute_loss_is_the_loss_the_probe_reads(workdir, mlflow_env, accumulation):
+    """A subclass's compute_loss that calls the model without labels: the forward returns no
+    loss, so the probe reads what compute_loss returned (a micro-batch mean, not a share)."""
+    uri, run_id = mlflow_env
+    callback = HyprunTrainerCallback(every_steps=4)
+    trainer = train(workdir, tiny_gpt2(), [callback], 4, accumulation, trainer=OwnLoss)
+    theirs = [e["loss"] for e in trainer.state.log_history if "loss" in e]
+    ours = [v for _, v in metric_history(uri, run_id, "train/loss")]
+    assert ours == pytest.approx(theirs, rel=2e-3) and len(ours) == 4
+    assert "compute_loss" not in vars(trainer)  # the Trainer as the user made it, after
 
 
 def test_diagnose_judges_what_a_probe_recorded_and_names_what_it_did_not(

@@ -68,6 +68,8 @@ def _trainer_callback() -> type:
                 rows = args.per_device_train_batch_size
                 options["heldout"] = lambda: first_rows(next(iter(loader)), rows)
             self.probe = Probe(model, optimizer, hook_optimizer=False, **options)
+            if trainer is not None:
+                _read_trained_loss(trainer, self.probe)
 
         def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
             self.probe.after_backward()
@@ -90,6 +92,9 @@ def _trainer_callback() -> type:
         def on_train_end(self, args, state, control, **kwargs):
             if self.max_grad_norm:
                 args.max_grad_norm = self.max_grad_norm  # the args as the user made them
+            trainer = _calling_trainer()
+            if trainer is not None and "compute_loss" in vars(trainer):
+                del trainer.compute_loss  # the Trainer's own method again
             if self.probe is not None:
                 self.probe.close()
 
@@ -191,6 +196,39 @@ def first_rows(batch: Any, rows: int) -> Any:
     if isinstance(batch, tuple | list):
         return type(batch)(first_rows(v, rows) for v in batch)
     return batch
+
+
+def _read_trained_loss(trainer, probe: Probe) -> None:
+    """The probe reads the loss the Trainer trains on from its `compute_loss` (a subclass's
+    own included: one that calls the model without labels leaves the forward no loss), scaled
+    as the Trainer's `training_step` reads it: a share of the step's mean where the loss was
+    normalised by `num_items_in_batch`, by the model or by `compute_loss_func`, else the
+    micro-batch's mean. Evaluation calls it too: only training calls are read."""
+    compute_loss = trainer.compute_loss
+
+    def reading(model, inputs, *args, **kwargs):
+        result = compute_loss(model, inputs, *args, **kwargs)
+        if model.training and torch.is_grad_enabled():
+            loss = result[0] if isinstance(result, tuple) else result
+            probe.note_loss(loss.detach(), _share_of_step(trainer, kwargs))
+        return result
+
+    probe.losses_told = True
+    trainer.compute_loss = reading
+
+
+def _share_of_step(trainer, kwargs: dict) -> bool:
+    """Whether the Trainer treats compute_loss's value as normalised over the accumulated
+    step (transformers' own test in Trainer.training_step, attributes absent in older
+    versions read as unset)."""
+    told = getattr(trainer, "loss_is_scaled_for_ga", None)
+    if told is not None:
+        return bool(told)
+    accepts = getattr(trainer, "model_accepts_loss_kwargs", False)
+    return bool(
+        (accepts and kwargs.get("num_items_in_batch") is not None)
+        or getattr(trainer, "compute_loss_func", None) is not None
+    )
 
 
 def _calling_trainer():

@@ -188,6 +188,9 @@ class Probe:
         self._step_started = False
         self._last_inputs: tuple[tuple, dict] | None = None
         self._normalised_over_step = False
+        self.losses_told = False
+        """Set by a loop that tells the probe each micro-batch's loss (`note_loss`) from its own
+        loss function: what the model's forward returns is then not the loss trained on."""
         self._replay: Callable[[], Any] | None = None
         self._probed: dict[str, float] = {}
         self._before: dict[str, torch.Tensor] = {}
@@ -264,9 +267,14 @@ class Probe:
         if self.probing:
             self.schedule.spent(time.perf_counter() - start)
 
-    def note_loss(self, loss: torch.Tensor | float) -> None:
-        """A micro-batch's loss, for loops whose forward does not return it to the probe."""
+    def note_loss(self, loss: torch.Tensor | float, share_of_step: bool | None = None) -> None:
+        """A micro-batch's loss, for loops whose forward does not return it to the probe.
+        `share_of_step`: whether it is the micro-batch's share of the step's mean (normalised
+        over the whole accumulated step, so the step's loss is their sum); None: as the forward
+        said (num_items_in_batch given or not)."""
         self._micro_losses.append(_as_tensor(loss))
+        if share_of_step is not None:
+            self._normalised_over_step = share_of_step
 
     def after_step(self) -> None:
         """After the optimizer step (automatic for a torch optimizer): update ratio, tokens,
@@ -360,7 +368,7 @@ class Probe:
         self._normalised_over_step = kwargs.get("num_items_in_batch") is not None
 
     def _after_forward(self, module, args, output) -> None:
-        if not (module.training and torch.is_grad_enabled()):
+        if self.losses_told or not (module.training and torch.is_grad_enabled()):
             return
         loss = _loss_of(output)
         if loss is not None:
