@@ -12,10 +12,11 @@ TORCH_SPEC ?= torch==2.13.0
 SLURM ?= slurm/local/up_two_nodes.sh
 # The browser tests need Debian's chromium and chromedriver; `make test BROWSER=` skips them.
 BROWSER ?= tests/e2e/install_chromium.sh
-# pytest-xdist workers, e.g. `make test PARALLEL="-n auto --dist loadgroup"` on a machine with
-# cores to spare (the Slurm and browser tests keep to one worker each: tests/conftest.py).
-# Serial by default: on 2 shared cores -n 2 was not shown to help (README, "Tests").
-PARALLEL ?=
+# pytest-xdist workers (the Slurm and browser tests keep to one worker each: tests/conftest.py).
+# Two by default: much of the suite waits on Slurm, servers and process starts, and on 2 cores
+# the whole suite took 68 min with -n 2 where CI's serial run had not finished in 87 min
+# (2026-12-02). `make test PARALLEL=` runs it serially.
+PARALLEL ?= -n 2 --dist loadgroup
 FAST := -m "not slow and not slurm and not browser"
 # The browser tests' screenshots (what a user sees in the MLflow UI): CI keeps this folder.
 HYPRUN_SCREENSHOTS ?= .hyprun/screenshots

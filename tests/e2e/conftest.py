@@ -71,7 +71,7 @@ def bridge_mlflow_server(two_node_cluster: str, tmp_path_factory: pytest.TempPat
     server.wait(timeout=30)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def chromium(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
     """A headless Chromium driven by Selenium (tests/e2e/install_chromium.sh installs it), with a
     fresh profile. Without one the test is skipped, unless HYPRUN_REQUIRE_BROWSER=1 (CI), where
@@ -83,4 +83,6 @@ def chromium(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
         pytest.skip(problem)
     driver = browser.start(tmp_path_factory.mktemp("chromium-profile"))
     yield driver
+    # Per module, not per session: left open on the MLflow UI, its renderer kept polling and took
+    # ~30% of a core for the rest of the suite.
     driver.quit()

@@ -48,11 +48,16 @@ def test_a_clearly_worse_app_test_on_slurm_is_cancelled_early(mlflow_server, tmp
     # ~10 s seeds finished first). The saving is asserted where it does not hang on timing
     # (tests/test_app_early.py); here: the verdict, and every seed's end recorded, none an error.
     assert 0.0 <= saved < 1.0, saved
+    trained = []
     for run in store.seed_runs(test.run_id):
         tags = run.data.tags
         ended = (tags["hyprun.outcome"], run.info.status, tags.get("hyprun.steps"))
         assert ended[0] in ("stopped", "completed") and ended[1] == "FINISHED", ended
-        assert 0 < int(tags["hyprun.steps"]) <= 200, ended
+        # A seed cancelled while it waited for a core stops at step 0 (2026-12-02, -n 2).
+        low = 0 if ended[0] == "stopped" else 1
+        assert low <= int(tags["hyprun.steps"]) <= 200, ended
+        trained.append(int(tags["hyprun.steps"]))
+    assert max(trained) > 0, trained  # the marks judged were read from seeds that trained
     # This investigation's runs all end (the session's server is shared: other tests' runs are
     # theirs to end). Not asserted: a run the app's own library opens after the stop (the HF
     # app's final trainer.evaluate() logged into a new, unnamed run left RUNNING in 1 of 3 runs
