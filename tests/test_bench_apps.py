@@ -110,3 +110,14 @@ def test_the_held_out_set_is_scored_once(tmp_path, capsys):
     (tmp_path / "heldout.json").write_text("{}")
     assert main(["--set", "heldout", "--out", str(tmp_path)]) == 2
     assert "scored once" in capsys.readouterr().err
+
+
+def test_a_draw_that_is_not_there_is_refused_in_one_line(tmp_path, capsys):
+    from bench.apps import harm
+
+    missing = str(tmp_path / "draws" / "7.yaml")
+    assert main(["--set", "heldout", "--out", str(tmp_path), "--draw", missing]) == 2
+    assert harm.main(["--set", "heldout", "--workdir", str(tmp_path), "--draw", missing]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 2 and all(line.startswith(f"no {missing}") for line in lines), lines
+    assert list(tmp_path.iterdir()) == []  # nothing written

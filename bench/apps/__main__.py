@@ -108,6 +108,11 @@ def main(argv: list[str] | None = None) -> int:
         print("--draw is a held-out draw: use it with --set heldout", file=sys.stderr)
         return 2
     out, split = Path(args.out), args.draw or SPLIT
+    if not split.exists():
+        print(
+            f"no {split}: draw it first (python -m bench.apps.split --redraw SEED)", file=sys.stderr
+        )
+        return 2
     seed = yaml.safe_load(split.read_text())["seed"]
     name = f"heldout-{seed}" if args.draw else args.set_name  # results/NAME.json and .md
     if args.set_name == "heldout" and (out / f"{name}.json").exists():

@@ -41,6 +41,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--draw", type=Path, help="the later held-out draw that run scored")
     args = parser.parse_args(argv)
     split = args.draw or SPLIT
+    if not split.exists():
+        print(f"no {split}: name a draw that bench.apps scored", file=sys.stderr)
+        return 2
     name_of_set = (
         f"{args.set_name}-{yaml.safe_load(split.read_text())['seed']}"
         if args.draw
