@@ -14,8 +14,8 @@ SLURM ?= slurm/local/up_two_nodes.sh
 BROWSER ?= tests/e2e/install_chromium.sh
 # pytest-xdist workers (the Slurm and browser tests keep to one worker each: tests/conftest.py).
 # Two by default: much of the suite waits on Slurm, servers and process starts, and on 2 cores
-# the whole suite took 68 min with -n 2 where CI's serial run had not finished in 87 min
-# (2026-12-02). `make test PARALLEL=` runs it serially.
+# CI's serial run had not finished in 87 min, where -n 2 took 48 min on a clean clone (idle,
+# 2026-12-02). `make test PARALLEL=` runs it serially.
 PARALLEL ?= -n 2 --dist loadgroup
 FAST := -m "not slow and not slurm and not browser"
 # The browser tests' screenshots (what a user sees in the MLflow UI): CI keeps this folder.
