@@ -515,7 +515,11 @@ def _obvious(ev: Evidence, out: Features) -> None:
         out["lr"] = Feature(peak, f"peak logged LR {peak:.3g} (config optim.lr {_g(_num(lr_cfg))})")
     elif _num(lr_cfg) is not None:
         out["lr"] = Feature(_num(lr_cfg), f"config optim.lr {_g(_num(lr_cfg))}")
-    vocab = _num(ev.cfg("model.vocab_size")) or _num(ev.cfg("data.vocab_size"))
+    vocab = (
+        _num(ev.cfg("model.vocab_size"))
+        or _num(ev.cfg("data.vocab_size"))
+        or _num(ev.tags.get(VOCAB_TAG))
+    )
     start = S.first(_finite(ev.points("train/loss")))
     if vocab and vocab > 1 and start is not None:
         uniform = math.log(vocab)
@@ -572,6 +576,26 @@ def _static(ev: Evidence, out: Features) -> None:
         )
 
 
+def _decay_pull(ev: Evidence, out: Features) -> None:
+    """Weight decay's pull against the whole step: decoupled decay removes lr * wd of every
+    decayed weight each step (coupled L2 under momentum removes more), while the measured step
+    moves the weights by update_ratio of their norm. At 1 or more the decay alone is as large as
+    the net step, so the weights sit where the decay holds them, not where the loss wants them:
+    the underfitting a too-strong decay predicts, seen even while the norm still grows from a
+    small init."""
+    lr, decay, step = out.get("lr"), out.get("static.weight_decay"), out.get("update_ratio_median")
+    values = [_num(f.value) if f is not None else None for f in (lr, decay, step)]
+    if any(v is None or v <= 0 for v in values):
+        return
+    peak_lr, weight_decay, update_ratio = values
+    pull = peak_lr * weight_decay / update_ratio
+    out["decay_pull_over_update"] = Feature(
+        pull,
+        f"weight decay pulls lr*wd = {_g(peak_lr * weight_decay)} of the weights per step, "
+        f"{pull:.3g}x the measured step ‖Δθ‖/‖θ‖ {_g(update_ratio)}",
+    )
+
+
 NEEDS = {
     "train/loss": (
         "loss_trend loss_plateau loss_descending loss_plateau_long loss_oscillation "
@@ -606,14 +630,20 @@ NEEDS = {
     "perf/step_time_s": "step_time_s",
     "perf/peak_mem_gb": "peak_mem_gb",
     "train/lr or config optim.lr": "lr",
-    "train/loss and config model.vocab_size (or data.vocab_size)": "initial_loss_ratio",
+    "train/loss and config model.vocab_size (or data.vocab_size, or a language model's head)": (
+        "initial_loss_ratio"
+    ),
     "config model.placement": "post_norm",
+    "train/lr, the weight decay (L0) and param/update_ratio": "decay_pull_over_update",
 }
 """The evidence each feature is measured from, in words: what a run lacks when a table row
 that reads the feature could not be judged."""
 _NEEDED_BY = {feature: evidence for evidence, names in NEEDS.items() for feature in names.split()}
 
 
+VOCAB_TAG = "hyprun.vocab_size"
+"""Tag of a probe-recorded run: the vocabulary its language model predicts over (read off the
+model's embedding and head), for the initial loss against ln(vocab) when the config names none."""
 SCAN_TAG = "hyprun.step_scan"
 """Tag of a probe-recorded run: whether the step scan ran ("on", or "off: <why>")."""
 BLOCKS_TAG = "hyprun.blocks"
@@ -632,8 +662,9 @@ APP_CANNOT = {
         "the all-reduce share is read from the built-in job's DeepSpeed timers"
     ),
     "config model.placement": "not the built-in GPT: no model.placement knob to read",
-    "train/loss and config model.vocab_size (or data.vocab_size)": (
-        "the app's config names no model.vocab_size or data.vocab_size"
+    "train/loss and config model.vocab_size (or data.vocab_size, or a language model's head)": (
+        "the app's config names no model.vocab_size or data.vocab_size, and the model has no "
+        "head onto its token embedding's vocabulary"
     ),
 }
 """Why a run recorded by the probe in someone else's loop lacks evidence the job records."""
@@ -689,6 +720,7 @@ def features(evidence: Evidence) -> Features:
         _obvious,
         _config,
         _static,
+        _decay_pull,
     ):
         part(evidence, out)
     return out

@@ -112,9 +112,9 @@ def _shifts(
         return [], [Shift(n, _value(before, n), _value(after, n)) for n in names]
     fires_on = [
         Shift(c.feature, _value(before, c.feature, c.field), _value(after, c.feature, c.field), c)
-        for c in row.when
+        for c in row.conditions()
     ]
-    read = {c.feature for c in row.when}
+    read = {c.feature for c in row.conditions()}
     shown = [n for n in row.show if n not in read]
     return fires_on, [Shift(n, _value(before, n), _value(after, n)) for n in shown]
 

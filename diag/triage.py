@@ -103,6 +103,10 @@ class Pattern(Strict):
     """Hypothesis card ids that test this cause one variable at a time."""
     when: tuple[Condition, ...] = PydanticField(min_length=1)
     """Conditions, all of which must hold."""
+    when_any: tuple[tuple[Condition, ...], ...] = ()
+    """Alternative evidence for one cause: when given, at least one group must hold in full
+    besides `when` (e.g. `when` the L0 warning, `when_any` each harm that shows it mattered).
+    One row per cause with its evidence OR'd, instead of a row per piece of evidence."""
     priority: int = 0
     """Ranking tier; higher first, severity breaks ties within a tier."""
     unless: tuple[str, ...] = ()
@@ -114,6 +118,10 @@ class Pattern(Strict):
     """A feature whose numeric value is the severity, instead of the conditions' ratios."""
     source: str = ""
     """The file the row came from (for messages; set by the loader, not written in YAML)."""
+
+    def conditions(self) -> tuple[Condition, ...]:
+        """Every condition the row reads: `when`, then each `when_any` group's."""
+        return self.when + tuple(c for group in self.when_any for c in group)
 
 
 class ObviousCheck(Strict):
@@ -346,17 +354,33 @@ def _fill(text: str, feats: Features) -> str:
     return _TEMPLATE.sub(one, text)
 
 
-def _fire(row: Pattern, feats: Features) -> Finding | None:
+def _holding_group(row: Pattern, feats: Features) -> tuple[Condition, ...] | None:
+    """The conditions that made `row` fire: `when` plus its strongest holding `when_any` group
+    (the one furthest past its thresholds); None when the row does not fire."""
     if not all(holds(c, feats) for c in row.when):
+        return None
+    if not row.when_any:
+        return row.when
+    holding = [g for g in row.when_any if all(holds(c, feats) for c in g)]
+    if not holding:
+        return None
+    return row.when + max(holding, key=lambda group: _severity(group, feats))
+
+
+def _severity(conditions: tuple[Condition, ...], feats: Features) -> float:
+    """The smallest ratio past threshold among the conditions (1.0 when none has a size)."""
+    ratios = [r for c in conditions if (r := _ratio(c, feats.get(c.feature))) is not None]
+    return min(ratios) if ratios else 1.0
+
+
+def _fire(row: Pattern, feats: Features) -> Finding | None:
+    conditions = _holding_group(row, feats)
+    if conditions is None:
         return None
     numbers: dict[str, Any] = {}
     details: list[str] = []
-    ratios = []
-    for cond in row.when:
+    for cond in conditions:
         feat = feats.get(cond.feature)
-        ratio = _ratio(cond, feat)
-        if ratio is not None:
-            ratios.append(ratio)
         if feat is None:
             details.append(f"{cond.text()}: {cond.feature} not measured")
             continue
@@ -367,7 +391,7 @@ def _fire(row: Pattern, feats: Features) -> Finding | None:
         if feat is not None and name not in numbers:
             numbers[name] = feat.value
             details.append(feat.detail)
-    severity = min(ratios) if ratios else 1.0
+    severity = _severity(conditions, feats)
     if row.severity_feature:
         feat = feats.get(row.severity_feature)
         if feat is not None and _is_number(feat.value) and math.isfinite(float(feat.value)):
@@ -390,7 +414,7 @@ def _fire(row: Pattern, feats: Features) -> Finding | None:
 
 def _static_fallback(evidence: Evidence, rows: list[Pattern], feats: Features) -> list[Finding]:
     """A failed L0 check that no row mentions still becomes a finding."""
-    known = {c.feature for row in rows for c in row.when}
+    known = {c.feature for row in rows for c in row.conditions()}
     out = []
     for check in evidence.static:
         name = f"static.{check.get('id')}"
@@ -452,8 +476,14 @@ def not_judged(rows: list[Pattern], feats: Features) -> list[dict[str, Any]]:
     from firing: skipped, not guessed, and named with the evidence they would need."""
     out = []
     for row in rows:
-        unknown = [c.feature for c in row.when if holds(c, feats) is None and _unmeasured(c, feats)]
-        ruled_out = any(holds(c, feats) is not True for c in row.when if c.feature not in unknown)
+        unknown, ruled_out = _unknown_and_ruled_out(row.when, feats)
+        if row.when_any and not ruled_out:
+            groups = [_unknown_and_ruled_out(group, feats) for group in row.when_any]
+            if any(not missing and not failed for missing, failed in groups):
+                continue  # a group holds: the row fired, nothing is missing
+            open_groups = [missing for missing, failed in groups if not failed]
+            ruled_out = not open_groups
+            unknown += [feature for missing in open_groups for feature in missing]
         if not unknown or ruled_out:
             continue
         missing = sorted(set(unknown))
@@ -466,6 +496,15 @@ def not_judged(rows: list[Pattern], feats: Features) -> list[dict[str, Any]]:
             }
         )
     return out
+
+
+def _unknown_and_ruled_out(
+    conditions: tuple[Condition, ...], feats: Features
+) -> tuple[list[str], bool]:
+    """(the features these conditions lack, whether a measured one fails)."""
+    unknown = [c.feature for c in conditions if holds(c, feats) is None and _unmeasured(c, feats)]
+    ruled_out = any(holds(c, feats) is not True for c in conditions if c.feature not in unknown)
+    return unknown, ruled_out
 
 
 def _unmeasured(cond: Condition, feats: Features) -> bool:

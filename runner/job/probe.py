@@ -44,7 +44,7 @@ from torch import nn
 from hyprun.diag import probes
 from hyprun.diag.efficiency import mfu, transformer_flops_per_token
 from hyprun.diag.evidence import NAN_MODULE_TAG, OUTCOME_TAG
-from hyprun.diag.features import SCAN_BATCH_LOSS, SCAN_TAG
+from hyprun.diag.features import SCAN_BATCH_LOSS, SCAN_TAG, VOCAB_TAG
 from hyprun.diag.live_checks import L0_TAG, LiveFacts, live_checks
 from hyprun.diag.spikes import SpikeDetector
 from hyprun.runner.job import stop
@@ -636,6 +636,7 @@ class Probe:
             "hyprun.device": self._device().type,
             "hyprun.blocks": self.blocks_path or "none found",
             SCAN_TAG: self._scan_state(),
+            **({VOCAB_TAG: str(vocab)} if (vocab := lm_vocab(self.model)) else {}),
         }
 
     def _scan_state(self) -> str:
@@ -737,6 +738,19 @@ def _sequence_length(batch: Any) -> int:
             if length := _sequence_length(item):
                 return length
     return 0
+
+
+def lm_vocab(model: nn.Module) -> int | None:
+    """The vocabulary a language model predicts over: its token embedding's rows, when a linear
+    layer maps back onto as many outputs (the LM head). A classifier that embeds tokens has no
+    such head, and its loss is not judged against ln(vocab)."""
+    embedding = _input_embedding(model)
+    weight = getattr(embedding, "weight", None)
+    if weight is None or weight.dim() != 2:
+        return None
+    rows = int(weight.shape[0])
+    heads = (m for m in model.modules() if isinstance(m, nn.Linear))
+    return rows if any(head.out_features == rows for head in heads) else None
 
 
 def _input_embedding(model: nn.Module) -> nn.Module | None:
