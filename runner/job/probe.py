@@ -22,8 +22,9 @@ recorded in the tag `hyprun.step_unit`.
 
 Where the time goes: seconds per step are measured between optimizer steps; the data-wait share
 is the time between the end of one step and the first training forward of the next (fetching
-the batch, moving it to the device), over the step time. Loops that do other work there (their
-own logging) see it counted as waiting.
+the batch, moving it to the device), over the step time. Work a loop does there besides
+fetching (evaluating, saving a checkpoint, its own logging) counts as waiting unless the loop
+says it ended (`probe.not_waiting()`), as the HF and Lightning callbacks do.
 """
 
 from __future__ import annotations
@@ -312,6 +313,13 @@ class Probe:
         self._last_end = time.perf_counter()  # the probe's own work is not waiting for data
         if probed:  # the probe's work on this step, its logging included, counts to the cap
             self.schedule.spent(self._last_end - now)
+
+    def not_waiting(self) -> None:
+        """The loop's own work since the last step (an evaluation, a checkpoint, its logging)
+        is not waiting for data: restart the wait clock. The trainer callbacks call this after
+        each; a plain loop may too. Between steps only, so a step's own time is never cut."""
+        if self._last_end is not None and not self._step_started:
+            self._last_end = time.perf_counter()
 
     def log_eval(self, loss: float) -> None:
         """A held-out loss at the current step, as `eval/loss`."""
