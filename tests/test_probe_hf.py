@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 
 import pytest
 import torch
@@ -55,7 +56,13 @@ class OwnLoss(Trainer):
 
 
 def train(
-    tmp_path, model, callbacks, steps: int = STEPS, accumulation: int = 1, trainer=Trainer
+    tmp_path,
+    model,
+    callbacks,
+    steps: int = STEPS,
+    accumulation: int = 1,
+    trainer=Trainer,
+    dataset: torch.utils.data.Dataset | None = None,
 ) -> Trainer:
     args = TrainingArguments(
         gradient_accumulation_steps=accumulation,
@@ -72,7 +79,8 @@ def train(
         data_seed=0,
         dataloader_num_workers=0,
     )
-    trainer = trainer(model=model, args=args, train_dataset=Tokens(), callbacks=callbacks)
+    data = dataset if dataset is not None else Tokens()
+    trainer = trainer(model=model, args=args, train_dataset=data, callbacks=callbacks)
     trainer.train()
     return trainer
 
@@ -137,6 +145,40 @@ def test_trainer_callback_logs_the_jobs_l1_metrics(workdir, mlflow_env):
     assert run.info.status == "RUNNING", "the adapter owns the run's status, not the probe"
     assert run.data.tags["hyprun.step_unit"] == "tokens"
     assert run.data.tags["hyprun.blocks"] == "transformer.h"
+
+
+class SlowTokens(Tokens):
+    """A dataset that takes 10 ms a row: 40 ms to fetch a batch of 4."""
+
+    def __getitem__(self, i):
+        time.sleep(0.01)
+        return super().__getitem__(i)
+
+
+class SlowLogger(TrainerCallback):
+    """A user's logger that takes 40 ms each time the Trainer logs (every step here)."""
+
+    def on_log(self, args, state, control, **kwargs):
+        time.sleep(0.04)
+
+
+@pytest.mark.parametrize(
+    ("dataset", "callbacks", "waits"),
+    [(SlowTokens(), [], True), (Tokens(), [SlowLogger()], False)],
+    ids=["slow_fetch", "slow_logger"],
+)
+def test_data_wait_is_the_trainers_fetch_not_its_logging(
+    workdir, mlflow_env, dataset, callbacks, waits
+):
+    """Between two steps the Trainer logs, evaluates and saves, then fetches: only the fetch is
+    waiting for data (40 ms either way here; sleeps only grow under load)."""
+    uri, run_id = mlflow_env
+    train(workdir, tiny_gpt2(), [*callbacks, HyprunTrainerCallback(every_steps=0)], dataset=dataset)
+    share = metric_history(uri, run_id, "perf/data_wait_frac")[1:]
+    step = metric_history(uri, run_id, "perf/step_time_s")[1:]
+    waited = sorted(w * s for (_, w), (_, s) in zip(share, step, strict=True))
+    median = waited[len(waited) // 2]
+    assert median >= 0.04 if waits else median < 0.02, waited
 
 
 def test_the_training_loss_under_gradient_accumulation_is_the_trainers_own(workdir, mlflow_env):

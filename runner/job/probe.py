@@ -314,6 +314,12 @@ class Probe:
         if probed:  # the probe's work on this step, its logging included, counts to the cap
             self.schedule.spent(self._last_end - now)
 
+    def data_ready(self) -> None:
+        """The step's data is in hand (a trainer's step-begin hook, called after its fetch):
+        the data wait ends here, not at the first forward, so the trainer's own work between
+        the two is not counted as waiting. The forward still counts the tokens."""
+        self._start_micro()
+
     def not_waiting(self) -> None:
         """The loop's own work since the last step (an evaluation, a checkpoint, its logging)
         is not waiting for data: restart the wait clock. The trainer callbacks call this after
