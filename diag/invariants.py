@@ -32,15 +32,21 @@ FROZEN_SHARE = 0.9
 """Share of a model's parameters (elements) frozen above which a run that also stops learning
 is read as frozen by mistake: an L0 warning (fine-tuning freezes most parameters on purpose)
 that becomes a finding only with the harm it predicts (a flat loss)."""
-FAIR_STREAM_GAP = 0.1
+FAIR_STREAM_GAP = 0.2
 """Within the first epoch every training batch is unseen data, so its loss (before its update)
 estimates the held-out loss at the same weights: a fair stream's mean relative gap scatters
-around 0, below it with dropout, which only the training forward applies (healthy reference,
-bench/corpus/results/invariants.md: the corpus app's clean twins read -0.036 to +0.010, the
-Hugging Face app +0.025 to +0.033). Batches in storage order, or one batch again, fit the
-recent batches far better than held-out data: a mean gap above this cut (3x the healthy
-extreme). It assumes a batch's loss is a tight estimate (hundreds of tokens); a loop of a few
-samples per batch scatters more."""
+around 0, below it with dropout, which only the training forward applies. Batches in storage
+order, or one batch again, fit the recent batches far better than held-out data: a mean gap
+above this cut, 3x the healthy extreme. The held-out batch is one fixed batch, so its sampling
+error does not average out over the reads; it grows as the loss falls and its per-token spread
+stays (~10% of a low loss for 512 tokens of the HF app's bigram language). Healthy reference:
+the corpus app's clean twins -0.036 to +0.010 and the HF app at its default LR +0.025 to +0.033
+(bench/corpus/results/invariants.md), from which the first cut was 0.1; the app benchmark's
+tuning runs (bench/apps, 24 entries x 2 seeds, every stream fair) -0.066 to +0.069, the top at
+the HF app's best LR with batch 16 (its held-out twin config read 0.086 and 0.105 on the third
+draw, where the cut of 0.1 raised a false finding), hence 0.2. The corpus's unfair streams read
++0.27 to +0.44 (data_not_shuffled). It assumes a batch's loss is a tight estimate (hundreds of
+tokens); a loop of a few samples per batch scatters more."""
 FAIR_STREAM_READS = 3
 """Reads in the first epoch needed to judge the stream (the first is at untrained weights,
 where any stream reads the same): fewer, and the check is skipped."""
