@@ -14,7 +14,7 @@ from mlflow.tracking import MlflowClient
 from hyprun.diag.live_checks import L0_TAG
 from hyprun.diag.probes import STEP_MULTIPLES, ProbeSchedule, StepScan
 from hyprun.runner.job.models import GPT
-from hyprun.runner.job.probe import Probe
+from hyprun.runner.job.probe import Probe, lm_vocab
 from tests.helpers import metric_history
 
 BATCH, SEQ, VOCAB = 4, 32, 64
@@ -236,3 +236,15 @@ def test_a_warmup_and_clipping_are_seen_at_work(uri):
     assert checks["grad_clip"]["value"] == pytest.approx(1e-3, rel=1e-3)  # the norm it left
     assert checks["lr_plausible"]["value"] == 1e-3  # the peak, not the ramp's first LR
     assert checks["optimizer_coverage"]["status"] == checks["gradient_reach"]["status"] == "pass"
+
+
+def test_a_language_models_vocabulary_is_read_off_its_head_and_a_classifiers_is_not():
+    """The vocabulary (for the first loss against ln(vocab)) when the last linear layer maps
+    back onto the token embedding's rows; a token classifier ends in a head onto its classes,
+    even when a hidden layer happens to be as wide as the vocabulary."""
+    assert lm_vocab(gpt()) == VOCAB
+    classifier = torch.nn.Sequential(
+        torch.nn.Embedding(VOCAB, 16), torch.nn.Linear(16, VOCAB), torch.nn.Linear(VOCAB, 4)
+    )
+    assert lm_vocab(classifier) is None
+    assert lm_vocab(torch.nn.Linear(8, 8)) is None  # no embedding

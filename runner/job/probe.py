@@ -24,7 +24,8 @@ Where the time goes: seconds per step are measured between optimizer steps; the 
 is the time between the end of one step and the first training forward of the next (fetching
 the batch, moving it to the device), over the step time. Work a loop does there besides
 fetching (evaluating, saving a checkpoint, its own logging) counts as waiting unless the loop
-says it ended (`probe.not_waiting()`), as the HF and Lightning callbacks do.
+says it ended (`probe.not_waiting()`); a trainer whose hook runs after its fetch ends the wait
+there (`probe.data_ready()`, HF's step begin), so its own work before the forward is not counted.
 """
 
 from __future__ import annotations
@@ -755,16 +756,16 @@ def _sequence_length(batch: Any) -> int:
 
 
 def lm_vocab(model: nn.Module) -> int | None:
-    """The vocabulary a language model predicts over: its token embedding's rows, when a linear
-    layer maps back onto as many outputs (the LM head). A classifier that embeds tokens has no
-    such head, and its loss is not judged against ln(vocab)."""
+    """The vocabulary a language model predicts over: its token embedding's rows, when its last
+    linear layer (the LM head) maps back onto as many outputs. A classifier that embeds tokens
+    ends in a head onto its classes, and its loss is not judged against ln(vocab)."""
     embedding = _input_embedding(model)
     weight = getattr(embedding, "weight", None)
-    if weight is None or weight.dim() != 2:
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    if weight is None or weight.dim() != 2 or not linears:
         return None
     rows = int(weight.shape[0])
-    heads = (m for m in model.modules() if isinstance(m, nn.Linear))
-    return rows if any(head.out_features == rows for head in heads) else None
+    return rows if linears[-1].out_features == rows else None
 
 
 def _input_embedding(model: nn.Module) -> nn.Module | None:
