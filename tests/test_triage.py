@@ -1084,61 +1084,6 @@ def test_diag_triage_is_pure():
     assert out.stdout.strip() == "[]"
 
 
-def weight_decay_warned(ev: Evidence, decay: float) -> Evidence:
-    """The L0 weight-decay check as diag/static.py reports a decay above AdamW's band."""
-    ev.static.append(
-        {
-            "id": "weight_decay",
-            "status": "warn",
-            "value": decay,
-            "threshold": "0 < weight_decay <= 0.3 for adam",
-            "why": "weight decay this strong pulls weights to 0",
-            "question": "Q1",
-        }
-    )
-    return ev
-
-
-@pytest.mark.parametrize(
-    ("decay", "shrink", "fires"),
-    [
-        (0.5, 1.0, False),  # above the band, but its pull (5e-4) is half the step: no harm seen
-        (1.0, 1.0, True),  # pull 1e-3 = the measured step: the decay holds the weights
-        (0.5, 0.3, True),  # the norm fell to 0.3x: the other harm, read alone
-    ],
-)
-def test_a_weight_decay_warning_is_a_finding_on_either_harm(decay, shrink, fires):
-    """One row, its harms OR'd (`when_any`): the norm fell below half, or the decay's pull per
-    step (lr * wd) is at least the measured step (an update ratio equal to the peak LR)."""
-    ev = weight_decay_warned(healthy(), decay)
-    norms = ev.series["param/norm"]
-    ev.series["param/norm"] = [
-        (s, v * (1 - (1 - shrink) * i / (len(norms) - 1))) for i, (s, v) in enumerate(norms)
-    ]
-    peak_lr = max(v for _, v in ev.series["train/lr"])  # ~1e-3
-    ev.series["param/update_ratio"] = [(s, peak_lr) for s, _ in ev.series["param/update_ratio"]]
-    diagnosis = triage(ev)
-    finding = next((f for f in diagnosis.findings if f.id == "static.weight_decay"), None)
-    assert (finding is not None) == fires, [f.id for f in diagnosis.findings]
-    assert features(ev)["decay_pull_over_update"].value == pytest.approx(decay)
-    if fires:
-        assert {"param_norm_growth", "decay_pull_over_update"} <= set(finding.numbers)
-
-
-def test_an_or_row_with_no_harm_measured_is_listed_as_not_judged():
-    """Neither harm can be read without the parameter probes: the row is not judged, and
-    names both."""
-    ev = weight_decay_warned(healthy(), 5.0)
-    drop_probes(ev)
-    diagnosis = triage(ev)
-    skipped = {row["id"]: row for row in diagnosis.not_judged}
-    assert "static.weight_decay" not in {f.id for f in diagnosis.findings}
-    assert set(skipped["static.weight_decay"]["missing"]) == {
-        "param_norm_growth",
-        "decay_pull_over_update",
-    }
-
-
 @pytest.mark.parametrize(("first_loss", "fires"), [(5.6, True), (2.0, False)])
 def test_most_parameters_frozen_in_a_fresh_model_is_a_finding(first_loss, fires):
     """A loss that starts at ln(vocab) = 5.55 is a fresh model's: frozen random weights are

@@ -1,17 +1,19 @@
 """L0 warnings that become findings (diag/tables/warnings.yaml) only with the harm they predict,
 on crafted evidence (no training): a weight decay above its band is a finding when the weights'
-norm fell below half its start, and stays a warning while the norm holds. The fix the row names
+norm fell below half its start or its pull per step is at least the step, and stays a warning
+while neither shows. The fix the row names
 is a card that the corpus's plain-loop app can run (its knobs map it)."""
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from bench.apps.run import folder_of
 from bench.corpus.cards import applicable
 from hyprun.diag.features import features
 from hyprun.diag.triage import triage
-from tests.test_triage import PROBE, N, healthy, pts
+from tests.test_triage import PROBE, N, drop_probes, healthy, pts
 
 LOOP_APP = "bench.corpus.apps.loop.train:main"
 
@@ -53,6 +55,44 @@ def test_weight_decay_above_the_band_stays_a_warning_while_the_norm_holds_and_st
     """Decay 0.5 at LR 1e-3 pulls 5e-4 per step, half the measured step (1e-3): no harm."""
     ids = [f.id for f in triage(with_weight_decay(0.5)).findings]
     assert "static.weight_decay" not in ids, ids
+
+
+@pytest.mark.parametrize(
+    ("decay", "shrink", "fires"),
+    [
+        (0.5, 1.0, False),  # above the band, but its pull (5e-4) is half the step: no harm seen
+        (1.0, 1.0, True),  # pull 1e-3 = the measured step: the decay holds the weights
+        (0.5, 0.3, True),  # the norm fell to 0.3x: the other harm, read alone
+    ],
+)
+def test_a_weight_decay_warning_is_a_finding_on_either_harm(decay, shrink, fires):
+    """One row, its harms OR'd (`when_any`): the norm fell below half, or the decay's pull per
+    step (lr * wd) is at least the measured step (an update ratio equal to the peak LR)."""
+    ev = with_weight_decay(decay)
+    if shrink < 1:
+        shrinking(ev, shrink)
+    peak_lr = max(v for _, v in ev.series["train/lr"])  # ~1e-3
+    ev.series["param/update_ratio"] = [(s, peak_lr) for s, _ in ev.series["param/update_ratio"]]
+    diagnosis = triage(ev)
+    finding = next((f for f in diagnosis.findings if f.id == "static.weight_decay"), None)
+    assert (finding is not None) == fires, [f.id for f in diagnosis.findings]
+    assert features(ev)["decay_pull_over_update"].value == pytest.approx(decay)
+    if fires:
+        assert {"param_norm_growth", "decay_pull_over_update"} <= set(finding.numbers)
+
+
+def test_an_or_row_with_no_harm_measured_is_listed_as_not_judged():
+    """Neither harm can be read without the parameter probes: the row is not judged, and
+    names both."""
+    ev = with_weight_decay(5.0)
+    drop_probes(ev)
+    diagnosis = triage(ev)
+    skipped = {row["id"]: row for row in diagnosis.not_judged}
+    assert "static.weight_decay" not in {f.id for f in diagnosis.findings}
+    assert set(skipped["static.weight_decay"]["missing"]) == {
+        "param_norm_growth",
+        "decay_pull_over_update",
+    }
 
 
 def test_no_weight_decay_is_not_this_finding_even_with_shrinking_weights():
