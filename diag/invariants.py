@@ -20,10 +20,16 @@ from dataclasses import dataclass
 STALE_GRAD_TOL = 0.0
 """A gradient at the start of a step (before its first backward) must be exactly zero or
 absent: zero_grad() sets None or 0, so any non-zero value is left over from an earlier step."""
-ACCUM_SCALE_TOL = 0.05
-"""The loss backpropagated over one optimizer step, against the step's token-weighted mean
-loss: 1.0 exactly in a correct loop (up to float rounding, < 1e-6); a loss not divided by k
-accumulation steps reads k, a mean of micro-batch means reads the token-weight mismatch."""
+LABEL_MATCH = 0.9
+"""Share of a cross-entropy call's targets that equal the input token a fixed number of
+positions later, from which the targets are read as the inputs shifted by that offset. A target
+built by shifting the inputs matches on every counted position (1.0); by chance, two tokens
+agree only as often as the text repeats itself. The model's output at position t must be
+trained on the token at t + 1: a best offset of 0 (labels not shifted: each position copies its
+own input) or 2 (shifted twice: the token after next) is the bug. Targets that match no offset
+this well (a classifier's labels) are not judged."""
+LABEL_OFFSETS = (0, 1, 2)
+"""The offsets read: not shifted, shifted once (next-token prediction), shifted twice."""
 SCHEDULE_COLLAPSE = 1e-3
 """An LR below this fraction of its peak while more than half the run remains: no schedule in
 common use (cosine, linear, step, WSD) gets there before its last half; StepLR stepped per batch
@@ -123,31 +129,59 @@ def params_not_in_optimizer(trainable: Sequence[str], optimized: Sequence[str]) 
     ]
 
 
-def accumulation_scale(
-    backpropagated: Sequence[float], summed_losses: Sequence[float], tokens: Sequence[int]
-) -> list[Violation]:
-    """An optimizer step whose backpropagated loss is not the step's token-weighted mean.
-    `backpropagated`: the scalars each micro-batch called backward() on; `summed_losses`: each
-    micro-batch's loss summed over its tokens; `tokens`: its token count. Hook: the probe's
-    after_backward per micro-batch, with the loss's sum and count (the loss function's
-    reduction='sum' twin, or mean x count)."""
-    total = sum(tokens)
-    if total <= 0 or not backpropagated:
-        return []
-    expected = sum(summed_losses) / total
-    read = sum(backpropagated)
-    if expected == 0 or not math.isfinite(read):
-        return []
-    ratio = read / expected
-    if abs(ratio - 1) <= ACCUM_SCALE_TOL:
-        return []
-    return [
-        Violation(
-            "loss_scale_under_accumulation",
-            f"{len(backpropagated)} micro-batches",
-            f"backpropagated {read:.4g} vs token mean {expected:.4g} (x{ratio:.3g})",
-        )
-    ]
+def accumulation_scale(steps: Sequence[tuple[int, float, int]]) -> list[Violation]:
+    """Optimizer steps whose tokens weigh in total a multiple of what they would without
+    accumulation. `steps`: per step split into micro-batches, (micro-batches k, the total
+    weight of the step's tokens in the loss that was backpropagated, the step's tokens N).
+    Without accumulation a mean loss gives its tokens a total weight of 1 and a summed one of
+    N; a correct split keeps that. The loss not divided by k weighs k (an LR silently k times
+    larger), one divided twice 1/k. A violation is a total at least sqrt(k) away (a factor)
+    from both 1 and N: halfway, on a log scale, to what the bug gives, so a deliberate weight
+    on the loss (0.7 x cross-entropy) is not read as the split. Hook: a gradient hook on each
+    cross-entropy output of the first steps reads the weight backward gave it (a mean's
+    weight is shared by its tokens, a sum's is per token), and the model's training forwards
+    count the micro-batches."""
+    found = []
+    for micro, weight, tokens in steps:
+        if micro < 2 or weight <= 0 or tokens <= 0 or not math.isfinite(weight):
+            continue
+        off = min(abs(math.log(weight)), abs(math.log(weight / tokens)))
+        if off >= 0.5 * math.log(micro):
+            found.append(
+                Violation(
+                    "loss_scale_under_accumulation",
+                    f"{micro} micro-batches",
+                    f"the step's {tokens} tokens weigh {weight:.3g} in the loss (1 as a mean)",
+                )
+            )
+    return found
+
+
+def labels_misaligned(reads: Sequence[Sequence[float]]) -> list[Violation]:
+    """Cross-entropy calls whose targets are the inputs at an offset other than next-token.
+    `reads`: per call, the share of its counted targets equal to the input token LABEL_OFFSETS
+    positions later (see LABEL_MATCH). Hook: the function mode that reads cross-entropy's input
+    also reads its target, against the integer input of the model's forward (a batch first,
+    positions second, as a language model takes them)."""
+    found = []
+    for call, shares in enumerate(reads):
+        by_offset = dict(zip(LABEL_OFFSETS, shares, strict=True))
+        best = max(by_offset, key=by_offset.get)
+        if by_offset[best] >= LABEL_MATCH and by_offset[1] < LABEL_MATCH:
+            found.append(
+                Violation(
+                    "labels_are_next_tokens",
+                    f"call {call}",
+                    f"{by_offset[best]:.0%} of the targets are the input {best} position(s) on, "
+                    f"{by_offset[1]:.0%} the next token",
+                )
+            )
+    return found
+
+
+def labels_judged(reads: Sequence[Sequence[float]]) -> bool:
+    """Whether any read relates the targets to the inputs (an offset matches LABEL_MATCH)."""
+    return any(max(shares) >= LABEL_MATCH for shares in reads)
 
 
 def schedule_collapse(lrs: Sequence[float], total_steps: int) -> list[Violation]:

@@ -10,7 +10,9 @@ run can make have rows of their own: trainable parameters missing from the optim
 trainable parameters the first backward gave no gradient; and the invariants of
 hyprun.diag.invariants read over the whole run (gradients reset between steps, modules in
 train mode while training and in eval mode while evaluating, most parameters frozen, the LR
-schedule collapsing, replicas disagreeing), each check named by the cause it proves.
+schedule collapsing, replicas disagreeing, cross-entropy given probabilities or targets that are
+not the next tokens, a loss whose scale grows with accumulation), each check named by the cause
+it proves.
 """
 
 from __future__ import annotations
@@ -96,6 +98,12 @@ class LiveFacts:
     """Optimizer steps in one pass over the training data, when told (Probe(epoch_steps=))."""
     loss_inputs: list[tuple[float, float, float]] = field(default_factory=list)
     """Per cross-entropy call of the first steps: (min, max, max |row sum - 1|) of its input."""
+    label_reads: list[tuple[float, ...]] = field(default_factory=list)
+    """Per cross-entropy call of the first steps whose targets pair with the input ids: the
+    share of targets equal to the input 0, 1, 2 positions on (invariants.labels_misaligned)."""
+    accumulation: list[tuple[int, float, int]] = field(default_factory=list)
+    """Per first step split into micro-batches: (micro-batches, total weight of its tokens in
+    the backpropagated loss, its tokens) (invariants.accumulation_scale)."""
 
 
 def as_job_config(facts: LiveFacts) -> dict:
@@ -160,6 +168,18 @@ def invariant_checks(facts: LiveFacts, rules: dict) -> list[Check]:
         _violations(
             rules["probabilities_into_cross_entropy"],
             invariants.probabilities_into_loss(facts.loss_inputs) if facts.loss_inputs else None,
+            "fail",
+        ),
+        _violations(
+            rules["labels_misaligned"],
+            invariants.labels_misaligned(facts.label_reads)
+            if invariants.labels_judged(facts.label_reads)
+            else None,
+            "fail",
+        ),
+        _violations(
+            rules["accumulation_loss_scale"],
+            invariants.accumulation_scale(facts.accumulation) if facts.accumulation else None,
             "fail",
         ),
     ]

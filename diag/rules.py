@@ -233,6 +233,8 @@ class Checks(Strict):
     replicas_disagree: Invariant
     unshuffled_data: Invariant
     probabilities_into_cross_entropy: Invariant
+    labels_misaligned: Invariant
+    accumulation_loss_scale: Invariant
 
 
 class BytesPerParam(Strict):

@@ -101,3 +101,42 @@ def test_the_invariant_hooks_are_quiet_on_the_twin_and_name_a_planted_bug():
     assert set(fired([*short, "bug.head_not_in_optimizer=true"], seed=0)) >= {
         "every_trainable_param_is_optimized"
     }
+
+
+def probe_statuses(overrides: list[str]) -> dict[str, str]:
+    """The probe's L0 check statuses on a short run of the corpus loop."""
+    from bench.corpus.apps.loop.train import fit
+    from bench.corpus.invariant_rates import Recorder
+    from hyprun.diag.live_checks import L0_TAG
+
+    recorder = Recorder()
+    short = ["train.steps=8", "train.eval_every=8", "data.n_train=128", "seed=0"]
+    fit(app_config("loop", [*short, *overrides]), probe=True, tracker=recorder)
+    return {c["id"]: c["status"] for c in json.loads(recorder.tags[L0_TAG])}
+
+
+ACCUMULATED = ["train.accum=4", "train.batch=4"]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "labels", "accumulation"),
+    [
+        ([], "pass", "skip"),
+        (["bug.labels_not_shifted=true"], "fail", "skip"),
+        (["bug.labels_shifted_twice=true"], "fail", "skip"),
+        (["bug.padding_in_loss=true", "data.min_len=2"], "pass", "skip"),
+        (ACCUMULATED, "pass", "pass"),
+        ([*ACCUMULATED, "bug.accum_loss_not_divided=true"], "pass", "fail"),
+        ([*ACCUMULATED, "bug.accum_mean_of_means=true", "data.min_len=2"], "pass", "pass"),
+    ],
+)
+def test_the_probe_reads_the_targets_offset_and_the_accumulated_losss_scale(
+    overrides, labels, accumulation
+):
+    """Targets equal to the inputs (not shifted) or two on (shifted twice) break next-token
+    prediction; padding as a target does not move the offset. A micro-batch mean summed over
+    4 micro-batches weighs the step's tokens 4; a mean of means keeps the total weight 1 (its
+    harm is the weighting between micro-batches, which this check does not read)."""
+    statuses = probe_statuses(overrides)
+    assert statuses["labels_misaligned"] == labels
+    assert statuses["accumulation_loss_scale"] == accumulation

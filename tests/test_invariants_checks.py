@@ -35,16 +35,26 @@ def test_trainable_parameters_without_a_gradient_or_an_optimizer_are_named():
 
 
 def test_the_loss_keeps_its_scale_when_a_batch_is_split_into_accumulation_steps():
-    sums, tokens = [30.0, 10.0, 20.0, 20.0], [20, 5, 10, 5]  # token mean 80 / 40 = 2.0
-    correct = [s / sum(tokens) for s in sums]  # each micro-batch: its sum over the step's tokens
-    assert inv.accumulation_scale(correct, sums, tokens) == []
-    not_divided = [s / n for s, n in zip(sums, tokens, strict=True)]  # each mean, summed
-    (violation,) = inv.accumulation_scale(not_divided, sums, tokens)
-    assert "(x4.75)" in violation.evidence  # (1.5 + 2 + 2 + 4) / 2.0: four means, not one
-    means_of_means = [s / n / 4 for s, n in zip(sums, tokens, strict=True)]  # 2.375 vs 2.0
-    assert inv.accumulation_scale(means_of_means, sums, tokens)
-    equal_lengths = [s / 10 / 4 for s in sums]  # every micro-batch 10 tokens: equal weights
-    assert inv.accumulation_scale(equal_lengths, sums, [10, 10, 10, 10]) == []
+    tokens = 160  # 4 micro-batches of 40
+    assert inv.accumulation_scale([(4, 1.0, tokens)]) == []  # a mean over the step's tokens
+    assert inv.accumulation_scale([(4, 1.0 * tokens, tokens)]) == []  # a sum, as unsplit
+    assert inv.accumulation_scale([(4, 0.7, tokens)]) == []  # a deliberate weight on the loss
+    (not_divided,) = inv.accumulation_scale([(4, 4.0, tokens)])  # each mean, summed
+    assert not_divided.where == "4 micro-batches" and "weigh 4 " in not_divided.evidence
+    assert inv.accumulation_scale([(4, 0.25, tokens)])  # divided twice
+    assert inv.accumulation_scale([(1, 4.0, tokens)]) == []  # no split: not this invariant
+
+
+def test_targets_must_be_the_next_tokens():
+    shifted, copied, twice = (0.1, 1.0, 0.05), (1.0, 0.1, 0.02), (0.05, 0.1, 1.0)
+    assert inv.labels_misaligned([shifted]) == [] and inv.labels_judged([shifted])
+    (copy,) = inv.labels_misaligned([shifted, copied])
+    assert copy.where == "call 1" and "input 0 position(s) on" in copy.evidence
+    assert inv.labels_misaligned([twice])[0].evidence.startswith("100% of the targets")
+    classifier = (0.0, 0.01, 0.0)  # labels unrelated to the inputs: not judged
+    assert inv.labels_misaligned([classifier]) == [] and not inv.labels_judged([classifier])
+    repetitive = (0.95, 1.0, 0.9)  # a text of long runs: the next token still matches
+    assert inv.labels_misaligned([repetitive]) == []
 
 
 def test_an_lr_that_collapses_in_the_first_half_is_a_broken_schedule():

@@ -12,6 +12,7 @@ import torch
 from mlflow.tracking import MlflowClient
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
 
+from hyprun.diag.live_checks import L0_TAG
 from hyprun.runner.cli.main import main as hyprun
 from hyprun.runner.control.diagnose import diagnose
 from hyprun.runner.job.callbacks import HyprunTrainerCallback
@@ -205,6 +206,27 @@ def test_a_trainers_own_compute_loss_is_the_loss_the_probe_reads(workdir, mlflow
     ours = [v for _, v in metric_history(uri, run_id, "train/loss")]
     assert ours == pytest.approx(theirs, rel=2e-3) and len(ours) == 4
     assert "compute_loss" not in vars(trainer)  # the Trainer as the user made it, after
+
+
+@pytest.mark.parametrize(
+    ("trainer", "accumulation", "status"),
+    [(Trainer, 2, "pass"), (OwnLoss, 2, "fail"), (OwnLoss, 1, "skip")],
+)
+def test_a_compute_loss_that_ignores_num_items_in_batch_is_an_unscaled_accumulated_loss(
+    workdir, mlflow_env, trainer, accumulation, status
+):
+    """The Trainer divides by the accumulation steps only when it believes the loss did not
+    use num_items_in_batch; a subclass's compute_loss that ignores it, on a model whose forward
+    takes loss kwargs, trains on the sum of micro-batch means (transformers #47688, trl #5710).
+    The shipped Trainer keeps the scale; one micro-batch per step is not judged."""
+    uri, run_id = mlflow_env
+    train(workdir, tiny_gpt2(), [HyprunTrainerCallback(every_steps=4)], 4, accumulation, trainer)
+    tags = MlflowClient(uri).get_run(run_id).data.tags
+    checks = {c["id"]: c for c in json.loads(tags[L0_TAG])}
+    assert checks["accumulation_loss_scale"]["status"] == status, checks["accumulation_loss_scale"]
+    assert checks["labels_misaligned"]["status"] == "pass"  # the model shifts labels=input_ids
+    if status == "fail":
+        assert "tokens weigh 2 " in checks["accumulation_loss_scale"]["why"]
 
 
 def test_diagnose_judges_what_a_probe_recorded_and_names_what_it_did_not(

@@ -3,6 +3,7 @@ steps by `lightning.Trainer` with `HyprunLightningCallback`, its L1 evidence rea
 
 from __future__ import annotations
 
+import json
 import math
 
 import lightning.pytorch as pl
@@ -12,6 +13,7 @@ import torch
 from mlflow.tracking import MlflowClient
 from torch import nn
 
+from hyprun.diag.live_checks import L0_TAG
 from hyprun.runner.job.callbacks import HyprunLightningCallback
 from tests.helpers import metric_history
 
@@ -75,7 +77,7 @@ def loader(seed: int):
     return torch.utils.data.DataLoader(rows, batch_size=BATCH)
 
 
-def fit(module, callbacks, steps=STEPS):
+def fit(module, callbacks, steps=STEPS, **options):
     trainer = pl.Trainer(
         max_steps=steps,
         accelerator="cpu",
@@ -89,6 +91,7 @@ def fit(module, callbacks, steps=STEPS):
         limit_val_batches=2,
         num_sanity_val_steps=0,
         callbacks=callbacks,
+        **options,
     )
     trainer.fit(module, loader(0), loader(1))
     return trainer
@@ -169,3 +172,20 @@ def test_lightning_callback_ends_training_at_the_step_a_stop_is_asked(workdir, m
     with stop.listening():
         trainer = fit(TinyLM(), [AskAtStep3(), HyprunLightningCallback()])
     assert trainer.global_step == 3 < STEPS
+
+
+@pytest.mark.parametrize(("accumulation", "status"), [(1, "skip"), (2, "pass")])
+def test_lightnings_accumulation_keeps_the_losss_scale(workdir, monkeypatch, accumulation, status):
+    """Lightning divides each micro-batch's loss by accumulate_grad_batches: the step's tokens
+    weigh 1 in total, and the targets (the ids one on) read as next-token prediction."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{workdir}/mlflow.db")
+    monkeypatch.delenv("MLFLOW_RUN_ID", raising=False)
+    torch.manual_seed(0)
+    callback = HyprunLightningCallback(every_steps=2)
+    fit(TinyLM(), [callback], steps=4, accumulate_grad_batches=accumulation)
+    tags = MlflowClient(tracking_uri=f"sqlite:///{workdir}/mlflow.db").get_run(
+        callback.probe.run_id
+    )
+    checks = {c["id"]: c for c in json.loads(tags.data.tags[L0_TAG])}
+    assert checks["accumulation_loss_scale"]["status"] == status, checks["accumulation_loss_scale"]
+    assert checks["labels_misaligned"]["status"] == "pass"

@@ -1069,6 +1069,8 @@ NO_CARD_ROWS = {"noisy_labels", "noisy_labels_flat"} | {  # broken invariants: a
     "params_frozen",
     "unshuffled_data",
     "probabilities_into_cross_entropy",
+    "labels_misaligned",
+    "accumulation_loss_scale",
 }
 
 

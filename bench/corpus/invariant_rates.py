@@ -28,7 +28,12 @@ from hyprun.diag.live_checks import L0_TAG
 
 RESULTS = Path(__file__).with_name("results")
 SEEDS = (0, 1)
-PROBE_CHECKS = ("unshuffled_data", "probabilities_into_cross_entropy")
+PROBE_CHECKS = (
+    "unshuffled_data",
+    "probabilities_into_cross_entropy",
+    "labels_misaligned",
+    "accumulation_loss_scale",
+)
 """Invariants read from the probe's L0 record: they need its step scan or its loss reads."""
 STREAM_GAPS: dict[str, float] = {}
 """By run: the fair-stream check's mean first-epoch gap (its healthy reference)."""

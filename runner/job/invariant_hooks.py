@@ -15,8 +15,12 @@ import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode, _get_current_function_mode_stack
 
+from hyprun.diag.invariants import LABEL_OFFSETS
+
 MODE_MODULES = (nn.Dropout, nn.modules.batchnorm._BatchNorm)
 """Modules whose forward depends on train/eval mode."""
+MIN_LABELS = 16
+"""Targets a label read needs at every offset (fewer: a classifier's few labels, not judged)."""
 LOSS_READ_STEPS = 3
 """Optimizer steps whose first training forward and loss are read for cross-entropy's input
 (a bug of the code is there from the first step; every op of those forwards passes through
@@ -24,20 +28,61 @@ Python once)."""
 
 
 class LossInputs(TorchFunctionMode):
-    """While active, reads what F.cross_entropy is given: (smallest, largest value, largest
-    |sum over the class dimension - 1|) per call, for hyprun.diag.invariants."""
+    """While active, reads each F.cross_entropy call for hyprun.diag.invariants, into `hooks`:
+    what it is given (smallest, largest value, largest |sum over the class dimension - 1|), how
+    its targets sit against the forward's input ids, and the weight backward gives its tokens."""
 
-    def __init__(self, reads: list[tuple[float, float, float]]):
+    def __init__(self, hooks: InvariantHooks):
         super().__init__()
-        self.reads = reads
+        self.hooks = hooks
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        out = func(*args, **kwargs)
         if func is F.cross_entropy:
             scores = args[0] if args else kwargs.get("input")
+            target = args[1] if len(args) > 1 else kwargs.get("target")
             if torch.is_tensor(scores) and scores.is_floating_point() and scores.numel():
-                self.reads.append(class_spread(scores.detach()))
-        return func(*args, **kwargs)
+                self.hooks.loss_inputs.append(class_spread(scores.detach()))
+            if _is_ids(target) and len(args) <= 2:  # positional weight/reduction: not read
+                self.hooks.read_targets(target.detach(), kwargs, out)
+        return out
+
+
+def label_offsets(inputs: torch.Tensor, target: torch.Tensor, ignore: int) -> tuple | None:
+    """Per offset of hyprun.diag.invariants.LABEL_OFFSETS, the share of the counted targets
+    equal to the input id that many positions later. The target (flattened or not) is read as
+    (batch, positions) against the inputs (batch, positions), its position t as the output at
+    input position t. None: the shapes do not pair, or too few targets to read."""
+    if inputs.dim() != 2 or target.numel() % inputs.shape[0]:
+        return None
+    rows, width = inputs.shape
+    target = target.reshape(rows, -1)
+    length = target.shape[1]
+    if length < 2 or length > width:
+        return None
+    shares = []
+    for offset in LABEL_OFFSETS:
+        span = min(length, width - offset)
+        wanted, counted = target[:, :span], target[:, :span] != ignore
+        if int(counted.sum()) < MIN_LABELS:
+            return None
+        same = (wanted == inputs[:, offset : offset + span]) & counted
+        shares.append(float(same.sum()) / float(counted.sum()))
+    return tuple(shares)
+
+
+def _is_ids(tensor) -> bool:
+    return torch.is_tensor(tensor) and not tensor.is_floating_point() and tensor.dim() >= 1
+
+
+def _fp16_autocast() -> bool:
+    """A float16 autocast region: its loss goes through a GradScaler, whose scale the weight
+    backward gives the loss would include."""
+    return any(
+        torch.is_autocast_enabled(device) and torch.get_autocast_dtype(device) == torch.float16
+        for device in ("cuda", "cpu")
+    )
 
 
 def class_spread(scores: torch.Tensor) -> tuple[float, float, float]:
@@ -82,6 +127,12 @@ class InvariantHooks:
         """The LR (group 0) after each optimizer step."""
         self.loss_inputs: list[tuple[float, float, float]] = []
         """What cross-entropy was given in the first LOSS_READ_STEPS steps (LossInputs)."""
+        self.label_reads: list[tuple[float, ...]] = []
+        """Per cross-entropy call of the first steps whose targets pair with the forward's
+        input ids: the share matching each offset (label_offsets)."""
+        self.loss_weights: dict[int, list] = {}
+        """By step of the first LOSS_READ_STEPS: [training forwards, cross-entropy calls read,
+        calls backward reached, total weight of their tokens, their tokens]."""
         self.stream: list[tuple[int, float, float]] = []
         """(step, its training batch's loss before the update, the held-out loss at the same
         weights), on the steps whose held-out loss the caller read (`heldout_read`)."""
@@ -93,17 +144,21 @@ class InvariantHooks:
         self._seen: set[int] = set()
         self._stale_sum = 0.0
         self._loss_mode: LossInputs | None = None
-        self._handles = [model.register_forward_pre_hook(self._forward)]
+        self._inputs: torch.Tensor | None = None
+        self._handles = [model.register_forward_pre_hook(self._forward, with_kwargs=True)]
         for parameter in model.parameters():
             if parameter.requires_grad:
                 self._handles.append(parameter.register_hook(self._before_accumulation(parameter)))
 
-    def _forward(self, module: nn.Module, args) -> None:
+    def _forward(self, module: nn.Module, args, kwargs) -> None:
         if self.own_forward:
             return
-        if self._step < LOSS_READ_STEPS and torch.is_grad_enabled() and self._loss_mode is None:
-            self._loss_mode = LossInputs(self.loss_inputs)  # until the backward is done
-            self._loss_mode.__enter__()
+        if self._step < LOSS_READ_STEPS and torch.is_grad_enabled():
+            self._inputs = _input_ids(args, kwargs)
+            self._weights()[0] += 1
+            if self._loss_mode is None:
+                self._loss_mode = LossInputs(self)  # until the backward is done
+                self._loss_mode.__enter__()
         if not self.modules:
             return
         if torch.is_grad_enabled():  # the modes a backward, then a step, will train with
@@ -120,6 +175,41 @@ class InvariantHooks:
                 self._stale_sum += float(parameter.grad.detach().float().pow(2).sum())
 
         return hook
+
+    def _weights(self) -> list:
+        return self.loss_weights.setdefault(self._step, [0, 0, 0, 0.0, 0])
+
+    def read_targets(self, target: torch.Tensor, kwargs: dict, loss: torch.Tensor) -> None:
+        """A cross-entropy call of a training forward: its targets against the input ids, and
+        a hook for the weight backward gives its tokens (a mean's weight is shared by them)."""
+        ignore = int(kwargs.get("ignore_index", -100))
+        if self._inputs is not None:
+            shares = label_offsets(self._inputs, target, ignore)
+            if shares is not None:
+                self.label_reads.append(shares)
+        reduction = kwargs.get("reduction", "mean")
+        readable = reduction in ("mean", "sum") and kwargs.get("weight") is None
+        if not (readable and loss.requires_grad and loss.dim() == 0) or _fp16_autocast():
+            return
+        tokens = int((target != ignore).sum())
+        weights = self._weights()
+        weights[1] += 1
+
+        def weigh(grad: torch.Tensor) -> None:
+            weights[2] += 1
+            weights[3] += float(grad) * (tokens if reduction == "sum" else 1)
+            weights[4] += tokens
+
+        loss.register_hook(weigh)
+
+    def accumulation_reads(self) -> list[tuple[int, float, int]]:
+        """(micro-batches, total token weight, tokens) of each read step split into several
+        micro-batches, each with one cross-entropy loss that backward reached."""
+        return [
+            (forwards, weight, tokens)
+            for forwards, calls, reached, weight, tokens in self.loss_weights.values()
+            if forwards >= 2 and calls == reached == forwards
+        ]
 
     def loss_read_done(self) -> None:
         """The step's backward is done: stop reading cross-entropy's input (only if no mode
@@ -150,6 +240,16 @@ class InvariantHooks:
         for handle in self._handles:
             handle.remove()
         self._handles = []
+
+
+def _input_ids(args: tuple, kwargs: dict) -> torch.Tensor | None:
+    """The forward's token ids: `input_ids`, else its first integer (batch, positions) input."""
+    given = kwargs.get("input_ids")
+    candidates = [given] if given is not None else [*args, *kwargs.values()]
+    for value in candidates:
+        if _is_ids(value) and value.dim() == 2:
+            return value.detach()
+    return None
 
 
 def parameter_checksums(parameters: list[nn.Parameter]) -> list[float] | None:

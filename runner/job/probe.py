@@ -894,6 +894,8 @@ def read_invariants(
     facts.lrs, facts.total_steps = list(hooks.lrs), total_steps
     facts.stream, facts.epoch_steps = list(hooks.stream), epoch_steps
     facts.loss_inputs = list(hooks.loss_inputs)
+    facts.label_reads = list(hooks.label_reads)
+    facts.accumulation = hooks.accumulation_reads()
 
 
 def read_model(facts: LiveFacts, model: nn.Module) -> None:
