@@ -28,6 +28,9 @@ agree only as often as the text repeats itself. The model's output at position t
 trained on the token at t + 1: a best offset of 0 (labels not shifted: each position copies its
 own input) or 2 (shifted twice: the token after next) is the bug. Targets that match no offset
 this well (a classifier's labels) are not judged."""
+CLIP_TOL = 1e-3
+"""clip_grad_norm_ scales the gradients to max_norm x norm / (norm + 1e-6), just below max_norm:
+a norm above max_norm by more than this share at the optimizer step was not clipped before it."""
 LABEL_OFFSETS = (0, 1, 2)
 """The offsets read: not shifted, shifted once (next-token prediction), shifted twice."""
 SCHEDULE_COLLAPSE = 1e-3
@@ -182,6 +185,23 @@ def labels_misaligned(reads: Sequence[Sequence[float]]) -> list[Violation]:
 def labels_judged(reads: Sequence[Sequence[float]]) -> bool:
     """Whether any read relates the targets to the inputs (an offset matches LABEL_MATCH)."""
     return any(max(shares) >= LABEL_MATCH for shares in reads)
+
+
+def clipping_not_applied(max_norm: float, norms_at_step: Sequence[float]) -> list[Violation]:
+    """Optimizer steps taken with a gradient norm above the clipping threshold the loop says it
+    applies: the clipping ran after the step (or not at all), so the updates were unclipped.
+    `norms_at_step`: the global gradient norm as each read step began, in order. Hook: the
+    optimizer's step post-hook, before the loop's next line (a clip after the step comes
+    later); a trainer that clips inside its own step is not read."""
+    return [
+        Violation(
+            "clipping_applied_before_the_step",
+            f"step {step}",
+            f"gradient norm {norm:.3g} at the optimizer step, above max_norm {max_norm:g}",
+        )
+        for step, norm in enumerate(norms_at_step)
+        if max_norm > 0 and norm > max_norm * (1 + CLIP_TOL)
+    ]
 
 
 def schedule_collapse(lrs: Sequence[float], total_steps: int) -> list[Violation]:

@@ -101,6 +101,9 @@ class LiveFacts:
     label_reads: list[tuple[float, ...]] = field(default_factory=list)
     """Per cross-entropy call of the first steps whose targets pair with the input ids: the
     share of targets equal to the input 0, 1, 2 positions on (invariants.labels_misaligned)."""
+    step_norms: list[float] = field(default_factory=list)
+    """The global gradient norm each of the first steps applied, read in the optimizer's step
+    post-hook of a loop the probe hooks (invariants.clipping_not_applied)."""
     accumulation: list[tuple[int, float, int]] = field(default_factory=list)
     """Per first step split into micro-batches: (micro-batches, total weight of its tokens in
     the backpropagated loss, its tokens) (invariants.accumulation_scale)."""
@@ -174,6 +177,13 @@ def invariant_checks(facts: LiveFacts, rules: dict) -> list[Check]:
             rules["labels_misaligned"],
             invariants.labels_misaligned(facts.label_reads)
             if invariants.labels_judged(facts.label_reads)
+            else None,
+            "fail",
+        ),
+        _violations(
+            rules["clip_ineffective"],
+            invariants.clipping_not_applied(facts.grad_clip, facts.step_norms)
+            if facts.grad_clip and facts.step_norms
             else None,
             "fail",
         ),

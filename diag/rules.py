@@ -235,6 +235,7 @@ class Checks(Strict):
     probabilities_into_cross_entropy: Invariant
     labels_misaligned: Invariant
     accumulation_loss_scale: Invariant
+    clip_ineffective: Invariant
 
 
 class BytesPerParam(Strict):

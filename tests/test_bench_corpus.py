@@ -116,27 +116,31 @@ def probe_statuses(overrides: list[str]) -> dict[str, str]:
 
 
 ACCUMULATED = ["train.accum=4", "train.batch=4"]
+CHECKS = ("labels_misaligned", "accumulation_loss_scale", "clip_ineffective")
 
 
 @pytest.mark.parametrize(
-    ("overrides", "labels", "accumulation"),
+    ("overrides", "statuses"),
     [
-        ([], "pass", "skip"),
-        (["bug.labels_not_shifted=true"], "fail", "skip"),
-        (["bug.labels_shifted_twice=true"], "fail", "skip"),
-        (["bug.padding_in_loss=true", "data.min_len=2"], "pass", "skip"),
-        (ACCUMULATED, "pass", "pass"),
-        ([*ACCUMULATED, "bug.accum_loss_not_divided=true"], "pass", "fail"),
-        ([*ACCUMULATED, "bug.accum_mean_of_means=true", "data.min_len=2"], "pass", "pass"),
+        ([], ("pass", "skip", "pass")),
+        (["optim.clip=0"], ("pass", "skip", "skip")),
+        (["bug.labels_not_shifted=true"], ("fail", "skip", "pass")),
+        (["bug.labels_shifted_twice=true"], ("fail", "skip", "pass")),
+        (["bug.padding_in_loss=true", "data.min_len=2"], ("pass", "skip", "pass")),
+        (ACCUMULATED, ("pass", "pass", "pass")),
+        ([*ACCUMULATED, "bug.accum_loss_not_divided=true"], ("pass", "fail", "pass")),
+        ([*ACCUMULATED, "bug.accum_mean_of_means=true", "data.min_len=2"], ("pass",) * 3),
+        (["bug.clip_after_step=true", "optim.clip=0.25"], ("pass", "skip", "fail")),
     ],
 )
-def test_the_probe_reads_the_targets_offset_and_the_accumulated_losss_scale(
-    overrides, labels, accumulation
+def test_the_probe_reads_the_targets_the_losss_scale_and_the_clipping_the_step_applied(
+    overrides, statuses
 ):
     """Targets equal to the inputs (not shifted) or two on (shifted twice) break next-token
     prediction; padding as a target does not move the offset. A micro-batch mean summed over
     4 micro-batches weighs the step's tokens 4; a mean of means keeps the total weight 1 (its
-    harm is the weighting between micro-batches, which this check does not read)."""
-    statuses = probe_statuses(overrides)
-    assert statuses["labels_misaligned"] == labels
-    assert statuses["accumulation_loss_scale"] == accumulation
+    harm is the weighting between micro-batches, which this check does not read). Clipping
+    after optimizer.step() leaves the step's gradients above the threshold; with no threshold
+    declared there is nothing to hold the step to."""
+    found = probe_statuses(overrides)
+    assert tuple(found[check] for check in CHECKS) == statuses, found

@@ -45,6 +45,14 @@ def test_the_loss_keeps_its_scale_when_a_batch_is_split_into_accumulation_steps(
     assert inv.accumulation_scale([(1, 4.0, tokens)]) == []  # no split: not this invariant
 
 
+def test_a_step_with_gradients_above_the_declared_clip_was_not_clipped_before_it():
+    clipped = [0.25 * 3.1 / (3.1 + 1e-6), 0.2]  # clip_grad_norm_'s result, a small norm
+    assert inv.clipping_not_applied(0.25, clipped) == []
+    (late,) = inv.clipping_not_applied(0.25, [0.2, 3.1])  # clipped after the step
+    assert late.where == "step 1" and "3.1 at the optimizer step" in late.evidence
+    assert inv.clipping_not_applied(0.0, [3.1]) == []  # no clipping declared
+
+
 def test_targets_must_be_the_next_tokens():
     shifted, copied, twice = (0.1, 1.0, 0.05), (1.0, 0.1, 0.02), (0.05, 0.1, 1.0)
     assert inv.labels_misaligned([shifted]) == [] and inv.labels_judged([shifted])

@@ -1071,6 +1071,7 @@ NO_CARD_ROWS = {"noisy_labels", "noisy_labels_flat"} | {  # broken invariants: a
     "probabilities_into_cross_entropy",
     "labels_misaligned",
     "accumulation_loss_scale",
+    "clip_ineffective",
 }
 
 

@@ -33,6 +33,7 @@ PROBE_CHECKS = (
     "probabilities_into_cross_entropy",
     "labels_misaligned",
     "accumulation_loss_scale",
+    "clip_ineffective",
 )
 """Invariants read from the probe's L0 record: they need its step scan or its loss reads."""
 STREAM_GAPS: dict[str, float] = {}

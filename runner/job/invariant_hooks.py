@@ -133,6 +133,11 @@ class InvariantHooks:
         self.loss_weights: dict[int, list] = {}
         """By step of the first LOSS_READ_STEPS: [training forwards, cross-entropy calls read,
         calls backward reached, total weight of their tokens, their tokens]."""
+        self.read_step_norms = False
+        """Whether `stepped` reads the gradient norm the step applied (the probe's own step
+        post-hook only: a trainer clips inside its step, a DeepSpeed engine frees them)."""
+        self.step_norms: list[float] = []
+        """The global gradient norm each of the first LOSS_READ_STEPS steps applied."""
         self.stream: list[tuple[int, float, float]] = []
         """(step, its training batch's loss before the update, the held-out loss at the same
         weights), on the steps whose held-out loss the caller read (`heldout_read`)."""
@@ -230,6 +235,10 @@ class InvariantHooks:
             self.stale[self._step] = math.sqrt(self._stale_sum)
         self._seen, self._stale_sum = set(), 0.0
         self.eval_at_train |= self._last_train_modes
+        if self.read_step_norms and self._step < LOSS_READ_STEPS:
+            grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+            if grads:
+                self.step_norms.append(float(torch.nn.utils.get_total_norm(grads)))
         groups = getattr(optimizer, "param_groups", None)
         if groups:
             self.lrs.append(float(groups[0]["lr"]))

@@ -216,6 +216,9 @@ class Probe:
         self.total_steps, self.epoch_steps = total_steps, epoch_steps
         self.invariants = InvariantHooks(model, self._reads_stale_grads)
         """The run-long invariants' hooks (mode modules, gradients left over, LRs)."""
+        self.invariants.read_step_norms = hook_optimizer and isinstance(
+            optimizer, torch.optim.Optimizer
+        )
         self.schedule = probes.ProbeSchedule(every_steps, max_overhead, free_probes)
         self._decided_step, self._probing = -1, False
         self._closed = False
@@ -896,6 +899,7 @@ def read_invariants(
     facts.loss_inputs = list(hooks.loss_inputs)
     facts.label_reads = list(hooks.label_reads)
     facts.accumulation = hooks.accumulation_reads()
+    facts.step_norms = list(hooks.step_norms)
 
 
 def read_model(facts: LiveFacts, model: nn.Module) -> None:
