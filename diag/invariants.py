@@ -204,6 +204,21 @@ def clipping_not_applied(max_norm: float, norms_at_step: Sequence[float]) -> lis
     ]
 
 
+def repeated_batches(fingerprints: Sequence[int]) -> list[Violation]:
+    """Optimizer steps that trained on the very batch the step before did (a fresh iterator
+    over an unshuffled loader each step, `next(iter(loader))`): within an epoch a loop draws
+    a new batch every step, so two identical ones in a row are the bug, not chance.
+    `fingerprints`: a hash of the first training forward's input ids at each of the first
+    steps. Hook: the model's forward pre-hook, on the steps it reads the loss."""
+    return [
+        Violation(
+            "each_step_draws_a_new_batch", f"step {step}", "the same input ids as step before"
+        )
+        for step in range(1, len(fingerprints))
+        if fingerprints[step] == fingerprints[step - 1]
+    ]
+
+
 def schedule_collapse(lrs: Sequence[float], total_steps: int) -> list[Violation]:
     """The LR fell below SCHEDULE_COLLAPSE of its peak in the first half of the run. `lrs`:
     the optimizer's LR after each step so far (param group 0). Hook: after each step."""

@@ -101,6 +101,8 @@ class LiveFacts:
     label_reads: list[tuple[float, ...]] = field(default_factory=list)
     """Per cross-entropy call of the first steps whose targets pair with the input ids: the
     share of targets equal to the input 0, 1, 2 positions on (invariants.labels_misaligned)."""
+    batch_prints: list[int] = field(default_factory=list)
+    """A hash of the input ids of each of the first steps (invariants.repeated_batches)."""
     step_norms: list[float] = field(default_factory=list)
     """The global gradient norm each of the first steps applied, read in the optimizer's step
     post-hook of a loop the probe hooks (invariants.clipping_not_applied)."""
@@ -181,6 +183,11 @@ def invariant_checks(facts: LiveFacts, rules: dict) -> list[Check]:
             "fail",
         ),
         _violations(
+            rules["repeated_batch"],
+            invariants.repeated_batches(facts.batch_prints) if _draws_batches(facts) else None,
+            "fail",
+        ),
+        _violations(
             rules["clip_ineffective"],
             invariants.clipping_not_applied(facts.grad_clip, facts.step_norms)
             if facts.grad_clip and facts.step_norms
@@ -193,6 +200,12 @@ def invariant_checks(facts: LiveFacts, rules: dict) -> list[Check]:
             "fail",
         ),
     ]
+
+
+def _draws_batches(facts: LiveFacts) -> bool:
+    """Two steps' input ids were read, and an epoch (when told) holds more than one batch: a
+    one-batch epoch repeats its batch by design."""
+    return len(facts.batch_prints) >= 2 and (facts.epoch_steps is None or facts.epoch_steps > 1)
 
 
 def _fair_stream(facts: LiveFacts, rule: dict) -> Check:

@@ -236,6 +236,7 @@ class Checks(Strict):
     labels_misaligned: Invariant
     accumulation_loss_scale: Invariant
     clip_ineffective: Invariant
+    repeated_batch: Invariant
 
 
 class BytesPerParam(Strict):

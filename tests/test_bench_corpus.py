@@ -116,24 +116,26 @@ def probe_statuses(overrides: list[str]) -> dict[str, str]:
 
 
 ACCUMULATED = ["train.accum=4", "train.batch=4"]
-CHECKS = ("labels_misaligned", "accumulation_loss_scale", "clip_ineffective")
+CHECKS = ("labels_misaligned", "accumulation_loss_scale", "clip_ineffective", "repeated_batch")
 
 
 @pytest.mark.parametrize(
     ("overrides", "statuses"),
     [
-        ([], ("pass", "skip", "pass")),
-        (["optim.clip=0"], ("pass", "skip", "skip")),
-        (["bug.labels_not_shifted=true"], ("fail", "skip", "pass")),
-        (["bug.labels_shifted_twice=true"], ("fail", "skip", "pass")),
-        (["bug.padding_in_loss=true", "data.min_len=2"], ("pass", "skip", "pass")),
-        (ACCUMULATED, ("pass", "pass", "pass")),
-        ([*ACCUMULATED, "bug.accum_loss_not_divided=true"], ("pass", "fail", "pass")),
-        ([*ACCUMULATED, "bug.accum_mean_of_means=true", "data.min_len=2"], ("pass",) * 3),
-        (["bug.clip_after_step=true", "optim.clip=0.25"], ("pass", "skip", "fail")),
+        ([], ("pass", "skip", "pass", "pass")),
+        (["optim.clip=0"], ("pass", "skip", "skip", "pass")),
+        (["bug.labels_not_shifted=true"], ("fail", "skip", "pass", "pass")),
+        (["bug.labels_shifted_twice=true"], ("fail", "skip", "pass", "pass")),
+        (["bug.padding_in_loss=true", "data.min_len=2"], ("pass", "skip", "pass", "pass")),
+        (ACCUMULATED, ("pass", "pass", "pass", "pass")),
+        ([*ACCUMULATED, "bug.accum_loss_not_divided=true"], ("pass", "fail", "pass", "pass")),
+        ([*ACCUMULATED, "bug.accum_mean_of_means=true", "data.min_len=2"], ("pass",) * 4),
+        (["bug.clip_after_step=true", "optim.clip=0.25"], ("pass", "skip", "fail", "pass")),
+        (["bug.same_batch_every_step=true"], ("pass", "skip", "pass", "fail")),
+        (["bug.data_not_shuffled=true"], ("pass", "skip", "pass", "pass")),
     ],
 )
-def test_the_probe_reads_the_targets_the_losss_scale_and_the_clipping_the_step_applied(
+def test_the_probe_reads_targets_loss_scale_clipping_and_batches_as_the_loop_wrote_them(
     overrides, statuses
 ):
     """Targets equal to the inputs (not shifted) or two on (shifted twice) break next-token
@@ -141,6 +143,7 @@ def test_the_probe_reads_the_targets_the_losss_scale_and_the_clipping_the_step_a
     4 micro-batches weighs the step's tokens 4; a mean of means keeps the total weight 1 (its
     harm is the weighting between micro-batches, which this check does not read). Clipping
     after optimizer.step() leaves the step's gradients above the threshold; with no threshold
-    declared there is nothing to hold the step to."""
+    declared there is nothing to hold the step to. A fresh iterator each step trains on one
+    batch again and again; a loader that does not shuffle still draws a new batch each step."""
     found = probe_statuses(overrides)
     assert tuple(found[check] for check in CHECKS) == statuses, found

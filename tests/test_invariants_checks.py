@@ -53,6 +53,13 @@ def test_a_step_with_gradients_above_the_declared_clip_was_not_clipped_before_it
     assert inv.clipping_not_applied(0.0, [3.1]) == []  # no clipping declared
 
 
+def test_the_same_batch_two_steps_in_a_row_is_a_loop_that_draws_no_new_one():
+    assert inv.repeated_batches([11, 12, 13]) == []
+    (again,) = inv.repeated_batches([11, 12, 12])
+    assert again.where == "step 2"
+    assert len(inv.repeated_batches([11, 11, 11])) == 2
+
+
 def test_targets_must_be_the_next_tokens():
     shifted, copied, twice = (0.1, 1.0, 0.05), (1.0, 0.1, 0.02), (0.05, 0.1, 1.0)
     assert inv.labels_misaligned([shifted]) == [] and inv.labels_judged([shifted])

@@ -226,6 +226,7 @@ def test_a_compute_loss_that_ignores_num_items_in_batch_is_an_unscaled_accumulat
     assert checks["accumulation_loss_scale"]["status"] == status, checks["accumulation_loss_scale"]
     assert checks["labels_misaligned"]["status"] == "pass"  # the model shifts labels=input_ids
     assert checks["clip_ineffective"]["status"] == "skip"  # the Trainer clips in its own step
+    assert checks["repeated_batch"]["status"] == "pass"  # a new batch each step
     if status == "fail":
         assert "tokens weigh 2 " in checks["accumulation_loss_scale"]["why"]
 

@@ -190,3 +190,4 @@ def test_lightnings_accumulation_keeps_the_losss_scale(workdir, monkeypatch, acc
     assert checks["accumulation_loss_scale"]["status"] == status, checks["accumulation_loss_scale"]
     assert checks["labels_misaligned"]["status"] == "pass"
     assert checks["clip_ineffective"]["status"] == "skip"  # Lightning clips in its own step
+    assert checks["repeated_batch"]["status"] == "pass"  # a new batch each step

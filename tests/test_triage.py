@@ -1072,6 +1072,7 @@ NO_CARD_ROWS = {"noisy_labels", "noisy_labels_flat"} | {  # broken invariants: a
     "labels_misaligned",
     "accumulation_loss_scale",
     "clip_ineffective",
+    "repeated_batch",
 }
 
 

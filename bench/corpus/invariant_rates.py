@@ -34,6 +34,7 @@ PROBE_CHECKS = (
     "labels_misaligned",
     "accumulation_loss_scale",
     "clip_ineffective",
+    "repeated_batch",
 )
 """Invariants read from the probe's L0 record: they need its step scan or its loss reads."""
 STREAM_GAPS: dict[str, float] = {}

@@ -133,6 +133,9 @@ class InvariantHooks:
         self.loss_weights: dict[int, list] = {}
         """By step of the first LOSS_READ_STEPS: [training forwards, cross-entropy calls read,
         calls backward reached, total weight of their tokens, their tokens]."""
+        self.batch_prints: list[int] = []
+        """A hash of the input ids of each of the first LOSS_READ_STEPS steps' first training
+        forward (invariants.repeated_batches)."""
         self.read_step_norms = False
         """Whether `stepped` reads the gradient norm the step applied (the probe's own step
         post-hook only: a trainer clips inside its step, a DeepSpeed engine frees them)."""
@@ -160,7 +163,10 @@ class InvariantHooks:
             return
         if self._step < LOSS_READ_STEPS and torch.is_grad_enabled():
             self._inputs = _input_ids(args, kwargs)
-            self._weights()[0] += 1
+            weights = self._weights()
+            if weights[0] == 0 and self._inputs is not None:  # the step's first micro-batch
+                self.batch_prints.append(hash(self._inputs.cpu().numpy().tobytes()))
+            weights[0] += 1
             if self._loss_mode is None:
                 self._loss_mode = LossInputs(self)  # until the backward is done
                 self._loss_mode.__enter__()

@@ -900,6 +900,7 @@ def read_invariants(
     facts.label_reads = list(hooks.label_reads)
     facts.accumulation = hooks.accumulation_reads()
     facts.step_norms = list(hooks.step_norms)
+    facts.batch_prints = list(hooks.batch_prints)
 
 
 def read_model(facts: LiveFacts, model: nn.Module) -> None:
