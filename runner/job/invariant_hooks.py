@@ -9,6 +9,7 @@ is already there (zero_grad(set_to_none=True), torch's default, leaves None: not
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -104,6 +105,22 @@ def mode_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
     ]
 
 
+@dataclass
+class StepLoss:
+    """What one of the first steps' cross-entropy calls weighed (invariants.accumulation_scale)."""
+
+    forwards: int = 0
+    """Training forwards of the step (its micro-batches)."""
+    calls: int = 0
+    """Cross-entropy calls whose weight is read (mean or sum, no class weights, not fp16)."""
+    reached: int = 0
+    """Calls backward reached (a loss only logged is not trained on)."""
+    weight: float = 0.0
+    """Total weight of their tokens in the backpropagated loss."""
+    tokens: int = 0
+    """Their counted tokens."""
+
+
 class InvariantHooks:
     """Attach to a model; call `stepped(step)` after each optimizer step.
 
@@ -130,9 +147,8 @@ class InvariantHooks:
         self.label_reads: list[tuple[float, ...]] = []
         """Per cross-entropy call of the first steps whose targets pair with the forward's
         input ids: the share matching each offset (label_offsets)."""
-        self.loss_weights: dict[int, list] = {}
-        """By step of the first LOSS_READ_STEPS: [training forwards, cross-entropy calls read,
-        calls backward reached, total weight of their tokens, their tokens]."""
+        self.step_losses: dict[int, StepLoss] = {}
+        """By step of the first LOSS_READ_STEPS: what its cross-entropy calls weighed."""
         self.batch_prints: list[int] = []
         """A hash of the input ids of each of the first LOSS_READ_STEPS steps' first training
         forward (invariants.repeated_batches)."""
@@ -163,10 +179,10 @@ class InvariantHooks:
             return
         if self._step < LOSS_READ_STEPS and torch.is_grad_enabled():
             self._inputs = _input_ids(args, kwargs)
-            weights = self._weights()
-            if weights[0] == 0 and self._inputs is not None:  # the step's first micro-batch
+            step = self._step_loss()
+            if step.forwards == 0 and self._inputs is not None:  # the step's first micro-batch
                 self.batch_prints.append(hash(self._inputs.cpu().numpy().tobytes()))
-            weights[0] += 1
+            step.forwards += 1
             if self._loss_mode is None:
                 self._loss_mode = LossInputs(self)  # until the backward is done
                 self._loss_mode.__enter__()
@@ -187,8 +203,8 @@ class InvariantHooks:
 
         return hook
 
-    def _weights(self) -> list:
-        return self.loss_weights.setdefault(self._step, [0, 0, 0, 0.0, 0])
+    def _step_loss(self) -> StepLoss:
+        return self.step_losses.setdefault(self._step, StepLoss())
 
     def read_targets(self, target: torch.Tensor, kwargs: dict, loss: torch.Tensor) -> None:
         """A cross-entropy call of a training forward: its targets against the input ids, and
@@ -203,13 +219,13 @@ class InvariantHooks:
         if not (readable and loss.requires_grad and loss.dim() == 0) or _fp16_autocast():
             return
         tokens = int((target != ignore).sum())
-        weights = self._weights()
-        weights[1] += 1
+        step = self._step_loss()
+        step.calls += 1
 
         def weigh(grad: torch.Tensor) -> None:
-            weights[2] += 1
-            weights[3] += float(grad) * (tokens if reduction == "sum" else 1)
-            weights[4] += tokens
+            step.reached += 1
+            step.weight += float(grad) * (tokens if reduction == "sum" else 1)
+            step.tokens += tokens
 
         loss.register_hook(weigh)
 
@@ -217,9 +233,9 @@ class InvariantHooks:
         """(micro-batches, total token weight, tokens) of each read step split into several
         micro-batches, each with one cross-entropy loss that backward reached."""
         return [
-            (forwards, weight, tokens)
-            for forwards, calls, reached, weight, tokens in self.loss_weights.values()
-            if forwards >= 2 and calls == reached == forwards
+            (step.forwards, step.weight, step.tokens)
+            for step in self.step_losses.values()
+            if step.forwards >= 2 and step.calls == step.reached == step.forwards
         ]
 
     def loss_read_done(self) -> None:
