@@ -28,11 +28,11 @@ agree only as often as the text repeats itself. The model's output at position t
 trained on the token at t + 1: a best offset of 0 (labels not shifted: each position copies its
 own input) or 2 (shifted twice: the token after next) is the bug. Targets that match no offset
 this well (a classifier's labels) are not judged."""
+LABEL_OFFSETS = (0, 1, 2)
+"""The offsets read: not shifted, shifted once (next-token prediction), shifted twice."""
 CLIP_TOL = 1e-3
 """clip_grad_norm_ scales the gradients to max_norm x norm / (norm + 1e-6), just below max_norm:
 a norm above max_norm by more than this share at the optimizer step was not clipped before it."""
-LABEL_OFFSETS = (0, 1, 2)
-"""The offsets read: not shifted, shifted once (next-token prediction), shifted twice."""
 SCHEDULE_COLLAPSE = 1e-3
 """An LR below this fraction of its peak while more than half the run remains: no schedule in
 common use (cosine, linear, step, WSD) gets there before its last half; StepLR stepped per batch
@@ -182,6 +182,24 @@ def labels_misaligned(reads: Sequence[Sequence[float]]) -> list[Violation]:
     return found
 
 
+def loss_on_padding(reads: Sequence[tuple[int, int]]) -> list[Violation]:
+    """Cross-entropy calls that count targets the attention mask hides: padding trained on as
+    if it were text (labels = input_ids with the padding not set to the ignore index), which
+    dilutes the loss on real tokens and reports it lower than it is. `reads`: per call whose
+    targets are the next tokens, (targets counted at a masked position, targets counted).
+    Hook: the forward's `attention_mask` beside its input ids; the target at t is the token at
+    t + 1, so it is padding where the mask is 0 at t + 1."""
+    return [
+        Violation(
+            "padding_is_not_a_target",
+            f"call {call}",
+            f"{padded} of {counted} counted targets are padding ({padded / counted:.0%})",
+        )
+        for call, (padded, counted) in enumerate(reads)
+        if padded > 0 and counted > 0
+    ]
+
+
 def labels_judged(reads: Sequence[Sequence[float]]) -> bool:
     """Whether any read relates the targets to the inputs (an offset matches LABEL_MATCH)."""
     return any(max(shares) >= LABEL_MATCH for shares in reads)
@@ -211,9 +229,7 @@ def repeated_batches(fingerprints: Sequence[int]) -> list[Violation]:
     `fingerprints`: a hash of the first training forward's input ids at each of the first
     steps. Hook: the model's forward pre-hook, on the steps it reads the loss."""
     return [
-        Violation(
-            "each_step_draws_a_new_batch", f"step {step}", "the same input ids as step before"
-        )
+        Violation("each_step_draws_a_new_batch", f"step {step}", "the input ids of the step before")
         for step in range(1, len(fingerprints))
         if fingerprints[step] == fingerprints[step - 1]
     ]

@@ -10,8 +10,9 @@ run can make have rows of their own: trainable parameters missing from the optim
 trainable parameters the first backward gave no gradient; and the invariants of
 hyprun.diag.invariants read over the whole run (gradients reset between steps, modules in
 train mode while training and in eval mode while evaluating, most parameters frozen, the LR
-schedule collapsing, replicas disagreeing, cross-entropy given probabilities or targets that are
-not the next tokens, a loss whose scale grows with accumulation), each check named by the cause
+schedule collapsing, replicas disagreeing, cross-entropy given probabilities, targets that are
+not the next tokens or padding, a loss whose scale grows with accumulation, the same batch two
+steps in a row, a declared clipping not applied before the step), each check named by the cause
 it proves.
 """
 
@@ -101,6 +102,9 @@ class LiveFacts:
     label_reads: list[tuple[float, ...]] = field(default_factory=list)
     """Per cross-entropy call of the first steps whose targets pair with the input ids: the
     share of targets equal to the input 0, 1, 2 positions on (invariants.labels_misaligned)."""
+    padding_reads: list[tuple[int, int]] = field(default_factory=list)
+    """Per cross-entropy call of the first steps with an attention mask: (targets counted at a
+    masked position, targets counted) (invariants.loss_on_padding)."""
     batch_prints: list[int] = field(default_factory=list)
     """A hash of the input ids of each of the first steps (invariants.repeated_batches)."""
     step_norms: list[float] = field(default_factory=list)
@@ -180,6 +184,11 @@ def invariant_checks(facts: LiveFacts, rules: dict) -> list[Check]:
             invariants.labels_misaligned(facts.label_reads)
             if invariants.labels_judged(facts.label_reads)
             else None,
+            "fail",
+        ),
+        _violations(
+            rules["loss_on_padding"],
+            invariants.loss_on_padding(facts.padding_reads) if facts.padding_reads else None,
             "fail",
         ),
         _violations(

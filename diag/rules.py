@@ -237,6 +237,7 @@ class Checks(Strict):
     accumulation_loss_scale: Invariant
     clip_ineffective: Invariant
     repeated_batch: Invariant
+    loss_on_padding: Invariant
 
 
 class BytesPerParam(Strict):

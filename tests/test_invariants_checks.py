@@ -60,6 +60,12 @@ def test_the_same_batch_two_steps_in_a_row_is_a_loop_that_draws_no_new_one():
     assert len(inv.repeated_batches([11, 11, 11])) == 2
 
 
+def test_a_target_the_attention_mask_hides_is_padding_in_the_loss():
+    assert inv.loss_on_padding([(0, 120)]) == []
+    (padding,) = inv.loss_on_padding([(0, 120), (30, 120)])
+    assert padding.where == "call 1" and padding.evidence.startswith("30 of 120")
+
+
 def test_targets_must_be_the_next_tokens():
     shifted, copied, twice = (0.1, 1.0, 0.05), (1.0, 0.1, 0.02), (0.05, 0.1, 1.0)
     assert inv.labels_misaligned([shifted]) == [] and inv.labels_judged([shifted])

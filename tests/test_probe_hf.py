@@ -208,6 +208,40 @@ def test_a_trainers_own_compute_loss_is_the_loss_the_probe_reads(workdir, mlflow
     assert "compute_loss" not in vars(trainer)  # the Trainer as the user made it, after
 
 
+class Padded(Tokens):
+    """Tokens cut to a drawn length and padded (attention mask 0), with labels -100 at padding
+    as a collator sets them, or `labels = input_ids` as many a fine-tuning script wrote it."""
+
+    def __init__(self, padding_is_a_target: bool):
+        super().__init__()
+        lengths = torch.randint(
+            4, SEQ, (len(self.rows), 1), generator=torch.Generator().manual_seed(1)
+        )
+        self.mask = (torch.arange(SEQ) < lengths).long()
+        self.rows = self.rows.masked_fill(self.mask == 0, 0)
+        self.labels = (
+            self.rows if padding_is_a_target else self.rows.masked_fill(self.mask == 0, -100)
+        )
+
+    def __getitem__(self, i):
+        return {"input_ids": self.rows[i], "attention_mask": self.mask[i], "labels": self.labels[i]}
+
+
+@pytest.mark.parametrize(("padding_is_a_target", "status"), [(False, "pass"), (True, "fail")])
+def test_labels_at_masked_padding_are_padding_in_the_loss(
+    workdir, mlflow_env, padding_is_a_target, status
+):
+    """labels = input_ids with the padding left in (OpenJarvis PR 521, DeepSpeedExamples PR
+    819): the loss trains on predicting padding wherever the attention mask is 0."""
+    uri, run_id = mlflow_env
+    data = Padded(padding_is_a_target)
+    train(workdir, tiny_gpt2(), [HyprunTrainerCallback(every_steps=4)], 4, dataset=data)
+    tags = MlflowClient(uri).get_run(run_id).data.tags
+    checks = {c["id"]: c for c in json.loads(tags[L0_TAG])}
+    assert checks["loss_on_padding"]["status"] == status, checks["loss_on_padding"]
+    assert checks["labels_misaligned"]["status"] == "pass"
+
+
 @pytest.mark.parametrize(
     ("trainer", "accumulation", "status"),
     [(Trainer, 2, "pass"), (OwnLoss, 2, "fail"), (OwnLoss, 1, "skip")],

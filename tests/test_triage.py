@@ -1073,6 +1073,7 @@ NO_CARD_ROWS = {"noisy_labels", "noisy_labels_flat"} | {  # broken invariants: a
     "accumulation_loss_scale",
     "clip_ineffective",
     "repeated_batch",
+    "loss_on_padding",
 }
 
 

@@ -35,6 +35,7 @@ PROBE_CHECKS = (
     "accumulation_loss_scale",
     "clip_ineffective",
     "repeated_batch",
+    "loss_on_padding",
 )
 """Invariants read from the probe's L0 record: they need its step scan or its loss reads."""
 STREAM_GAPS: dict[str, float] = {}

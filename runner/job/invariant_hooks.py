@@ -73,6 +73,17 @@ def label_offsets(inputs: torch.Tensor, target: torch.Tensor, ignore: int) -> tu
     return tuple(shares)
 
 
+def padded_targets(mask: torch.Tensor, target: torch.Tensor, ignore: int) -> tuple[int, int]:
+    """(targets counted where the next position is masked out, targets counted): the target
+    at t is the token at t + 1 (label_offsets read them so)."""
+    rows, width = mask.shape
+    target = target.reshape(rows, -1)
+    span = min(target.shape[1], width - 1)
+    counted = target[:, :span] != ignore
+    hidden = mask[:, 1 : span + 1] == 0
+    return int((counted & hidden).sum()), int(counted.sum())
+
+
 def _is_ids(tensor) -> bool:
     return torch.is_tensor(tensor) and not tensor.is_floating_point() and tensor.dim() >= 1
 
@@ -149,6 +160,10 @@ class InvariantHooks:
         input ids: the share matching each offset (label_offsets)."""
         self.step_losses: dict[int, StepLoss] = {}
         """By step of the first LOSS_READ_STEPS: what its cross-entropy calls weighed."""
+        self.padding_reads: list[tuple[int, int]] = []
+        """Per cross-entropy call of the first steps whose targets are the next tokens and
+        whose forward had an attention mask: (targets counted where the mask hides the token,
+        targets counted) (invariants.loss_on_padding)."""
         self.batch_prints: list[int] = []
         """A hash of the input ids of each of the first LOSS_READ_STEPS steps' first training
         forward (invariants.repeated_batches)."""
@@ -169,6 +184,7 @@ class InvariantHooks:
         self._stale_sum = 0.0
         self._loss_mode: LossInputs | None = None
         self._inputs: torch.Tensor | None = None
+        self._mask: torch.Tensor | None = None
         self._handles = [model.register_forward_pre_hook(self._forward, with_kwargs=True)]
         for parameter in model.parameters():
             if parameter.requires_grad:
@@ -179,6 +195,7 @@ class InvariantHooks:
             return
         if self._step < LOSS_READ_STEPS and torch.is_grad_enabled():
             self._inputs = _input_ids(args, kwargs)
+            self._mask = _attention_mask(kwargs, self._inputs)
             step = self._step_loss()
             if step.forwards == 0 and self._inputs is not None:  # the step's first micro-batch
                 self.batch_prints.append(hash(self._inputs.cpu().numpy().tobytes()))
@@ -214,6 +231,8 @@ class InvariantHooks:
             shares = label_offsets(self._inputs, target, ignore)
             if shares is not None:
                 self.label_reads.append(shares)
+            if shares is not None and self._mask is not None and max(shares) == shares[1]:
+                self.padding_reads.append(padded_targets(self._mask, target, ignore))
         reduction = kwargs.get("reduction", "mean")
         readable = reduction in ("mean", "sum") and kwargs.get("weight") is None
         if not (readable and loss.requires_grad and loss.dim() == 0) or _fp16_autocast():
@@ -281,6 +300,14 @@ def _input_ids(args: tuple, kwargs: dict) -> torch.Tensor | None:
         if _is_ids(value) and value.dim() == 2:
             return value.detach()
     return None
+
+
+def _attention_mask(kwargs: dict, ids: torch.Tensor | None) -> torch.Tensor | None:
+    """The forward's attention mask when it is one per input id (1 attends, 0 is padding)."""
+    mask = kwargs.get("attention_mask")
+    if ids is None or not torch.is_tensor(mask) or mask.shape != ids.shape:
+        return None
+    return mask.detach()
 
 
 def parameter_checksums(parameters: list[nn.Parameter]) -> list[float] | None:

@@ -898,6 +898,7 @@ def read_invariants(
     facts.stream, facts.epoch_steps = list(hooks.stream), epoch_steps
     facts.loss_inputs = list(hooks.loss_inputs)
     facts.label_reads = list(hooks.label_reads)
+    facts.padding_reads = list(hooks.padding_reads)
     facts.accumulation = hooks.accumulation_reads()
     facts.step_norms = list(hooks.step_norms)
     facts.batch_prints = list(hooks.batch_prints)
