@@ -704,6 +704,26 @@ def test_a_falling_train_loss_lagging_the_last_eval_is_not_label_noise():
     assert "noisy_labels" not in [f.id for f in triage(ev).findings]
 
 
+def test_a_heldout_loss_far_above_the_train_loss_at_the_same_tokens_is_memorisation():
+    ev = healthy()
+    ev.series["eval/loss"] = [(s, v * 1.4) for s, v in ev.series["eval/loss"]]
+    _, first = top(ev)
+    assert first.id == "train_eval_gap"
+    assert first.numbers["eval_gap_matched"] == pytest.approx(0.41, abs=0.03)
+
+
+def test_a_few_easy_batches_at_the_end_are_not_memorisation():
+    """The last batches' losses dip by a quarter (a small batch's swing): the end gap reads
+    above the cut, matched in tokens over the last evaluations it does not."""
+    ev = healthy()
+    train = ev.series["train/loss"]
+    ev.series["train/loss"] = train[:-20] + [(s, v * 0.75) for s, v in train[-20:]]
+    feats = features(ev)
+    assert feats["train_eval_gap"].value > 0.3
+    assert feats["eval_gap_matched"].value < 0.05
+    assert "train_eval_gap" not in [f.id for f in triage(ev).findings]
+
+
 def explode_then_nan(ev: Evidence, peak: float) -> None:
     """Grad norms that climb to `peak` over the last probes, then a NaN loss in tok_emb."""
     grad = ev.series["grad/norm"]
