@@ -113,11 +113,28 @@ def test_the_held_out_set_is_scored_once(tmp_path, capsys):
 
 
 def test_a_draw_that_is_not_there_is_refused_in_one_line(tmp_path, capsys):
-    from bench.apps import harm
+    from bench.apps import harm, verdicts
 
     missing = str(tmp_path / "draws" / "7.yaml")
     assert main(["--set", "heldout", "--out", str(tmp_path), "--draw", missing]) == 2
-    assert harm.main(["--set", "heldout", "--workdir", str(tmp_path), "--draw", missing]) == 2
+    for measure in (harm, verdicts):
+        assert (
+            measure.main(["--set", "heldout", "--workdir", str(tmp_path), "--draw", missing]) == 2
+        )
     lines = capsys.readouterr().err.splitlines()
-    assert len(lines) == 2 and all(line.startswith(f"no {missing}") for line in lines), lines
+    assert len(lines) == 3 and all(line.startswith(f"no {missing}") for line in lines), lines
     assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+def test_measured_strikes_count_rejections_only_and_name_the_confirmed_card():
+    from bench.apps.verdicts import summary
+
+    tests = [
+        {"card": "lr_down_10x", "verdict": "inconclusive"},
+        {"card": "weight_decay_up", "verdict": "refused", "reason": "changes nothing"},
+        {"card": "batch_up", "verdict": "rejected"},
+        {"card": "warmup", "verdict": "confirmed"},
+    ]
+    assert summary(tests) == {"confirmed": "warmup", "strikes": 1}
+    assert summary([{"card": "x", "verdict": "rejected"}] * 4) == {"confirmed": None, "strikes": 3}
+    assert summary([]) == {"confirmed": None, "strikes": 0}
