@@ -34,8 +34,10 @@ def finals(store, name: str, metric: str) -> list[float]:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.apps.harm", description=__doc__)
+def parse_scored(prog: str, doc: str, argv: list[str] | None):
+    """(args, the split file, the scored set's name as results/ knows it) of a measurement made
+    after a benchmark run; None, with one line said, when the draw named is not there."""
+    parser = argparse.ArgumentParser(prog=prog, description=doc)
     parser.add_argument("--set", choices=SETS, required=True, dest="set_name")
     parser.add_argument("--workdir", required=True, help="the benchmark run's --workdir")
     parser.add_argument("--draw", type=Path, help="the later held-out draw that run scored")
@@ -43,12 +45,16 @@ def main(argv: list[str] | None = None) -> int:
     split = args.draw or SPLIT
     if not split.exists():
         print(f"no {split}: name a draw that bench.apps scored", file=sys.stderr)
+        return None
+    seed = yaml.safe_load(split.read_text())["seed"]
+    return args, split, f"{args.set_name}-{seed}" if args.draw else args.set_name
+
+
+def main(argv: list[str] | None = None) -> int:
+    parsed = parse_scored("python -m bench.apps.harm", __doc__, argv)
+    if parsed is None:
         return 2
-    name_of_set = (
-        f"{args.set_name}-{yaml.safe_load(split.read_text())['seed']}"
-        if args.draw
-        else args.set_name
-    )
+    args, split, name_of_set = parsed
     from hyprun.runner.control import controller
     from hyprun.runner.launch.app import HydraApp
     from hyprun.runner.launch.declaration import load_declaration

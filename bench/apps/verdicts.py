@@ -12,19 +12,16 @@ skipped. Writes results/verdicts_SET.json."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from bench.apps.__main__ import RESULTS, ROOT
+from bench.apps.harm import parse_scored
 from bench.apps.run import EXPERIMENT
 from bench.apps.schema import load_table
-from bench.apps.split import SETS, SPLIT
 from bench.corpus.split import sha256
 from bench.diagnosis.run import inside, worker_setup
 from bench.diagnosis.split import HARM, STRIKES
@@ -64,17 +61,10 @@ def summary(tests: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.apps.verdicts", description=__doc__)
-    parser.add_argument("--set", choices=SETS, required=True, dest="set_name")
-    parser.add_argument("--workdir", required=True, help="the benchmark run's --workdir")
-    parser.add_argument("--draw", type=Path, help="the later held-out draw that run scored")
-    args = parser.parse_args(argv)
-    split = args.draw or SPLIT
-    if not split.exists():
-        print(f"no {split}: name a draw that bench.apps scored", file=sys.stderr)
+    parsed = parse_scored("python -m bench.apps.verdicts", __doc__, argv)
+    if parsed is None:
         return 2
-    name = f"{args.set_name}-{yaml.safe_load(split.read_text())['seed']}" if args.draw else None
-    name = name or args.set_name
+    args, split, name = parsed
     scored, harm = RESULTS / f"{name}.json", RESULTS / f"harm_{name}.json"
     if not scored.exists() or not harm.exists():
         print(
