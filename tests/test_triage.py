@@ -465,7 +465,8 @@ def test_lr_warning_with_swamping_writes_is_lr_too_high_not_the_placement():
         key = f"act/write_ratio/blocks.{b}"
         ev.series[key] = [(s, 303.0 if b == 1 else v) for s, v in ev.series[key]]
     diag, first = top(ev)
-    assert first.id == "lr_high_with_writes" and first.cards[0] == "lr_down_10x"
+    assert first.id == "lr_high_with_drift" and first.cards[0] == "lr_down_10x"
+    assert first.numbers["write_ratio_max"] == pytest.approx(303.0)  # the harm that held
     assert [f.id for f in diag.findings][1] == "residual_write_overwhelms"
 
 

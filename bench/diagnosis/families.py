@@ -43,7 +43,7 @@ measured (python -m bench.diagnosis.healthy_lr; results/healthy_lr.md): every en
 unless it sets its own, and the LR families scale from it."""
 
 LR_HIGH = ["lr_too_high_config", "lr_too_high_diverged", "lr_too_high_oscillation"]
-LR_HIGH += ["lr_high_with_drift", "lr_high_with_writes", "lr_too_high_surges"]
+LR_HIGH += ["lr_high_with_drift", "lr_too_high_surges"]
 LR_HIGH += ["lr_high_with_flat_loss"]
 SPIKES = ["exploded_then_nan", "exploding_gradients", "grad_spikes", "loss_spikes"]
 SPIKES += ["unclipped_spikes", "diverged_unclipped"]
