@@ -8,7 +8,8 @@ too. Here each card the ranked findings name (results/SET.json's `cards`, in ord
 as `hyprun test CARD` would run it, against the entry's recorded baseline in DIR (2 seeds a
 side), until one is confirmed or three strikes escalate. Entries whose fault did no harm
 (results/harm_SET.json, change <= bench.diagnosis.split.HARM) leave nothing to fix and are
-skipped. Writes results/verdicts_SET.json."""
+skipped. Run at the commit that scored SET: hyprun refuses a test across a code change.
+Writes results/verdicts_SET.json."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ MAX_SEEDS = 2
 """Seeds per side of each test: the baseline's, as bench/corpus tests its cards."""
 
 
-def test_in_order(folder: Path, name: str, cards: list[str]) -> list[dict[str, Any]]:
+def try_in_order(folder: Path, name: str, cards: list[str]) -> list[dict[str, Any]]:
     """Test `cards` in order against investigation `name` in `folder` until one is confirmed
     or the investigation escalates; each test's card and verdict (refused cards: the reason)."""
     from hyprun.runner.control import controller
@@ -74,6 +75,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from hyprun.runner.provenance import git_state
 
+    scored_at = json.loads(scored.read_text())["meta"]["commit"]
+    if scored_at != git_state()[0]:  # hyprun refuses a test across a code change
+        print(f"{name} was scored at {scored_at[:10]}: check that commit out", file=sys.stderr)
+        return 2
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
     worker_setup(1, git_state()[0])
@@ -84,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         if result["kind"] != "fault" or change.get(result["id"], 0.0) <= HARM:
             continue
         folder = Path(args.workdir, f"{result['id'].replace('/', '-')}-{result['seed']}").resolve()
-        tests = test_in_order(folder, result["id"].replace("/", "-"), result["cards"])
+        tests = try_in_order(folder, result["id"].replace("/", "-"), result["cards"])
         fix = table.families[result["family"]].fix
         row = {"id": result["id"], "change": change[result["id"]], "planted_fix": fix}
         row |= {"rank": result["rank"], "tests": tests, **summary(tests)}
