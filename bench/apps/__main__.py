@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from bench.apps.run import early_rejection, run_entry
+from bench.apps.run import early_rejection, entry_folder, run_entry
 from bench.apps.schema import load_table
 from bench.apps.split import SETS, SPLIT, load_split
 from bench.corpus.__main__ import ORDERS
@@ -137,8 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     start = time.monotonic()
     results: list[dict[str, Any]] = []
     for entry in load_split(split)[args.set_name]:
-        folder = workdir / f"{entry.id.replace('/', '-')}-{entry.seed}"
-        results.append(run_entry(table, entry, folder, rng))
+        results.append(run_entry(table, entry, entry_folder(workdir, entry.id, entry.seed), rng))
         r = results[-1]
         print(f"{r['id']}: {r['findings'][:3]} rank={r['rank']} {r['seconds']} s", flush=True)
         if r["error"]:

@@ -17,7 +17,14 @@ from pathlib import Path
 import yaml
 
 from bench.apps.__main__ import RESULTS, ROOT
-from bench.apps.run import EXPERIMENT, SEEDS, entry_overrides, folder_of
+from bench.apps.run import (
+    EXPERIMENT,
+    SEEDS,
+    entry_folder,
+    entry_overrides,
+    folder_of,
+    investigation_name,
+)
 from bench.apps.schema import load_table, twin_of
 from bench.apps.split import SETS, SPLIT, load_split
 from bench.corpus.split import sha256
@@ -68,8 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     for entry in [e for e in load_split(split)[args.set_name] if e.family]:
         form = table.forms[entry.form]
         metric = load_declaration(folder_of(form.app) / "hyprun.yaml").metric.name
-        name = entry.id.replace("/", "-")
-        folder = Path(args.workdir, f"{name}-{entry.seed}").resolve()
+        name = investigation_name(entry.id)
+        folder = entry_folder(args.workdir, entry.id, entry.seed)
         fault = finals(Store(f"sqlite:///{folder}/mlflow.db", EXPERIMENT), name, metric)
         twin_folder = folder.with_name(folder.name + "-twin")
         seed = entry_overrides(table, entry)[-1]

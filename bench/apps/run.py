@@ -32,6 +32,16 @@ def folder_of(app: str) -> Path:
     return Path(ROOT, *app.split(":")[0].split(".")[:-1])
 
 
+def investigation_name(entry_id: str) -> str:
+    """An entry's investigation in its MLflow store ("hf/lr_high@30" -> "hf-lr_high@30")."""
+    return entry_id.replace("/", "-")
+
+
+def entry_folder(workdir: Path, entry_id: str, seed: int) -> Path:
+    """Where a benchmark run under `workdir` keeps an entry's MLflow store."""
+    return Path(workdir, f"{investigation_name(entry_id)}-{seed}").resolve()
+
+
 def entry_overrides(table: Table, entry: Entry) -> list[str]:
     return [
         *overrides_of(table, entry),
@@ -43,7 +53,7 @@ def run_entry(table: Table, entry: Entry, workdir: Path, rng: np.random.Generato
     """Baseline, diagnosis and simulated strikes of one entry; a result dict, never raising."""
     family = table.families[entry.family] if entry.family else None
     scenario = Scenario(
-        name=entry.id.replace("/", "-"),
+        name=investigation_name(entry.id),
         kind=entry.kind,
         fault=entry.family or "",
         base=tuple(entry_overrides(table, entry)),

@@ -21,7 +21,7 @@ from typing import Any
 
 from bench.apps.__main__ import RESULTS, ROOT
 from bench.apps.harm import parse_scored
-from bench.apps.run import EXPERIMENT
+from bench.apps.run import EXPERIMENT, entry_folder, investigation_name
 from bench.apps.schema import load_table
 from bench.corpus.split import sha256
 from bench.diagnosis.run import inside, worker_setup
@@ -75,21 +75,22 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from hyprun.runner.provenance import git_state
 
-    scored_at = json.loads(scored.read_text())["meta"]["commit"]
-    if scored_at != git_state()[0]:  # hyprun refuses a test across a code change
-        print(f"{name} was scored at {scored_at[:10]}: check that commit out", file=sys.stderr)
+    scored_run, sha = json.loads(scored.read_text()), git_state()[0]
+    if scored_run["meta"]["commit"] != sha:  # hyprun refuses a test across a code change
+        at = scored_run["meta"]["commit"][:10]
+        print(f"{name} was scored at {at}: check that commit out", file=sys.stderr)
         return 2
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
-    worker_setup(1, git_state()[0])
+    worker_setup(1, sha)
     table = load_table()
     change = {row["id"]: row["change"] for row in json.loads(harm.read_text())["rows"]}
     rows = []
-    for result in json.loads(scored.read_text())["results"]:
+    for result in scored_run["results"]:
         if result["kind"] != "fault" or change.get(result["id"], 0.0) <= HARM:
             continue
-        folder = Path(args.workdir, f"{result['id'].replace('/', '-')}-{result['seed']}").resolve()
-        tests = try_in_order(folder, result["id"].replace("/", "-"), result["cards"])
+        folder = entry_folder(args.workdir, result["id"], result["seed"])
+        tests = try_in_order(folder, investigation_name(result["id"]), result["cards"])
         fix = table.families[result["family"]].fix
         row = {"id": result["id"], "change": change[result["id"]], "planted_fix": fix}
         row |= {"rank": result["rank"], "tests": tests, **summary(tests)}
@@ -97,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{result['id']}: {tests}", flush=True)
     meta = {
         "date": time.strftime("%Y-%m-%d %H:%M %Z"),
-        "commit": git_state()[0],
+        "commit": sha,
         "split": split.resolve().relative_to(ROOT).as_posix(),
         "split_sha256": sha256(split),
         "max_seeds": MAX_SEEDS,
