@@ -9,6 +9,11 @@ check settings) is not ours and is skipped.
 
 Ranking: `priority` first (a tier: divergence and NaN outrank everything, then config mistakes,
 convergence, efficiency, early signals), then severity, a measured "how far from healthy" ratio.
+No row silences another. Two rules keep the list to one line per cause instead:
+- rows that `explain` the same cause (an LR too high, read from the L0 band, the drift or the
+  step scan) make one finding: the first-ranked leads, the others' evidence joins it as `also`;
+- a `symptom` row (the loss curve's shape alone, which many causes produce) is listed after the
+  cause rows of Q1 and Q2 that fired with it, never before them.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 import math
 import numbers
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -109,9 +115,12 @@ class Pattern(Strict):
     One row per cause with its evidence OR'd, instead of a row per piece of evidence."""
     priority: int = 0
     """Ranking tier; higher first, severity breaks ties within a tier."""
-    unless: tuple[str, ...] = ()
-    """Row ids that, when they fired too, make this row redundant (a generic row yields to the
-    more specific one)."""
+    explains: str = ""
+    """The cause this row is one reading of, shared with the cause's other rows (e.g.
+    `lr_too_high`): findings that explain one cause are shown as one. Empty: the row's own id."""
+    symptom: bool = False
+    """The row reads only the loss curve's shape (flat, slow, plateaued), which many causes
+    produce: it is ranked after every Q1/Q2 cause row that fired with it."""
     show: tuple[str, ...] = ()
     """Extra features whose numbers the finding carries for context."""
     severity_feature: str | None = None
@@ -172,6 +181,12 @@ class Finding:
     """The method's table."""
     priority: int = 0
     """The row's ranking tier."""
+    explains: str = ""
+    """The cause the finding names when rows share it (the row's `explains`)."""
+    symptom: bool = False
+    """From a symptom row (ranked after the causes of Q1/Q2 that fired)."""
+    also: list[dict[str, str]] = field(default_factory=list)
+    """Further rows that read the same cause in this run: {id, evidence}, in rank order."""
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready dict."""
@@ -186,6 +201,8 @@ class Finding:
             "cards": list(self.cards),
             "severity": _json_num(self.severity),
             "priority": self.priority,
+            "explains": self.explains,
+            "also": list(self.also),
             "numbers": {k: _json_num(v) for k, v in self.numbers.items()},
             "details": list(self.details),
         }
@@ -253,7 +270,8 @@ def _table_files(tables_dir: Path) -> list[tuple[Path, TableFile]]:
 
 def load_tables(tables_dir: Path | str = TABLES_DIR) -> list[Pattern]:
     """Every pattern row in the folder, validated: an unknown key, an unknown op, a missing
-    field, a duplicate id or an `unless` naming no row is a ValueError naming file and row."""
+    field, a duplicate id or an `explains` no other row shares is a ValueError naming file and
+    row."""
     rows: list[Pattern] = []
     seen: dict[str, Path] = {}
     for path, table in _table_files(Path(tables_dir)):
@@ -263,12 +281,13 @@ def load_tables(tables_dir: Path | str = TABLES_DIR) -> list[Pattern]:
                 raise ValueError(f"{path}: row {row.id!r}: duplicate id (also in {seen[row.id]})")
             seen[row.id] = path
             rows.append(row)
+    shared = Counter(row.explains for row in rows if row.explains)
     for row in rows:
-        for other in row.unless:
-            if other not in seen:
-                raise ValueError(
-                    f"{row.source}: row {row.id!r}: unless names unknown row {other!r}; fix the id"
-                )
+        if row.explains and shared[row.explains] < 2:
+            raise ValueError(
+                f"{row.source}: row {row.id!r}: no other row explains {row.explains!r}; "
+                "fix the spelling or drop explains"
+            )
     return rows
 
 
@@ -409,6 +428,8 @@ def _fire(row: Pattern, feats: Features) -> Finding | None:
         details=details,
         table=row.table,
         priority=row.priority,
+        explains=row.explains,
+        symptom=row.symptom,
     )
 
 
@@ -526,6 +547,40 @@ def missing_evidence(skipped: list[dict[str, Any]]) -> dict[str, list[str]]:
     return dict(sorted(by_need.items()))
 
 
+def ranked(findings: list[Finding]) -> list[Finding]:
+    """Tier, then severity; a symptom after every Q1/Q2 cause that fired with it."""
+    cause_fired = any(not f.symptom and f.question in ("Q1", "Q2") for f in findings)
+    return sorted(
+        findings, key=lambda f: (f.symptom and cause_fired, -f.priority, -f.severity, f.id)
+    )
+
+
+def one_per_cause(findings: list[Finding]) -> list[Finding]:
+    """The first finding of each cause, in rank order, carrying the later ones' evidence,
+    numbers and cards (one cause, one line, one set of tests)."""
+    leaders: dict[str, Finding] = {}
+    for finding in findings:
+        leader = leaders.setdefault(finding.explains or finding.id, finding)
+        if leader is finding:
+            continue
+        leader.also.append({"id": finding.id, "evidence": finding.evidence})
+        leader.cards += [card for card in finding.cards if card not in leader.cards]
+        for name, value in finding.numbers.items():
+            leader.numbers.setdefault(name, value)
+        leader.details += [line for line in finding.details if line not in leader.details]
+    return list(leaders.values())
+
+
+def cause_rank(findings: list[dict[str, Any]], cause: Any) -> int | None:
+    """Where the first finding (as `Finding.to_dict` writes it) that names one of the row ids
+    in `cause` ranks, counting from 1: its own row, or a reading merged into it. None: none."""
+    wanted = set(cause)
+    for rank, finding in enumerate(findings, 1):
+        if wanted & {finding["id"], *(also["id"] for also in finding.get("also", []))}:
+            return rank
+    return None
+
+
 def _implied_question(evidence: Evidence) -> str:
     """With no finding: the question of the first L0 check that is not clean, else Q1."""
     for check in evidence.static:
@@ -538,11 +593,8 @@ def triage(evidence: Evidence, tables_dir: Path | str = TABLES_DIR) -> Diagnosis
     """Measure features, fire the table rows, rank the findings, evaluate the obvious list."""
     feats = features(evidence)
     rows = load_tables(tables_dir)
-    fired = {f.id: f for row in rows if (f := _fire(row, feats)) is not None}
-    by_id = {row.id: row for row in rows}
-    kept = [f for f in fired.values() if not any(u in fired for u in by_id[f.id].unless)]
-    kept += _static_fallback(evidence, rows, feats)
-    kept.sort(key=lambda f: (-f.priority, -f.severity, f.id))
+    fired = [f for row in rows if (f := _fire(row, feats)) is not None]
+    kept = one_per_cause(ranked(fired + _static_fallback(evidence, rows, feats)))
     obvious = check_obvious(load_obvious(tables_dir), feats)
     question = kept[0].question if kept else _implied_question(evidence)
     skipped = not_judged(rows, feats)

@@ -132,10 +132,10 @@ def test_a_failed_invariant_is_a_finding_named_by_the_corpus_cause_id():
     checks = [c.__dict__ for c in live_checks(healthy_facts(stale_grads={0: 0.0, 1: 0.3}))]
     diagnosis = triage(Evidence(static=checks))
     assert diagnosis.findings[0].id == "grads_not_reset"
-    # zero_grad() leaves a parameter outside the optimizer alone: named by the cause, once
+    # zero_grad() leaves a parameter outside the optimizer alone: the cause ranks first
     both = healthy_facts(stale_grads={0: 0.0, 1: 0.3}, missing_from_optimizer=["head.w"])
     findings = triage(Evidence(static=[c.__dict__ for c in live_checks(both)])).findings
-    assert [f.id for f in findings] == ["params_not_in_optimizer"]
+    assert [f.id for f in findings] == ["params_not_in_optimizer", "grads_not_reset"]
     frozen = [c.__dict__ for c in live_checks(healthy_facts(trainable_elements=10))]
     assert not triage(Evidence(static=frozen)).findings  # a warning alone is no finding
 

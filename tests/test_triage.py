@@ -19,7 +19,17 @@ from hyprun.diag import series as S
 from hyprun.diag.evidence import Evidence
 from hyprun.diag.features import features
 from hyprun.diag.spikes import SpikeDetector, find_spikes
-from hyprun.diag.triage import TABLES_DIR, Condition, holds, load_obvious, load_tables, triage
+from hyprun.diag.triage import (
+    TABLES_DIR,
+    Condition,
+    Finding,
+    holds,
+    load_obvious,
+    load_tables,
+    one_per_cause,
+    ranked,
+    triage,
+)
 
 TOK = 1024  # tokens per logged step
 N = 200  # logged steps
@@ -278,7 +288,7 @@ def test_diverged_run_without_probes_is_numerical_instability():
     assert obvious["no_nan_inf"]["numbers"]["nonfinite_count"] == 1.0
 
 
-def test_diverged_with_huge_updates_is_lr_too_high_and_hides_the_generic_row():
+def test_diverged_with_huge_updates_is_lr_too_high_and_ranks_the_generic_row_below():
     ev = healthy()
     ev.tags["hyprun.outcome"] = "diverged"
     ev.series["train/loss"][-1] = (ev.series["train/loss"][-1][0], math.inf)
@@ -287,7 +297,7 @@ def test_diverged_with_huge_updates_is_lr_too_high_and_hides_the_generic_row():
     assert first.id == "lr_too_high_diverged"
     assert first.numbers["update_ratio_median"] == pytest.approx(0.5)
     assert first.severity == pytest.approx(5.0)
-    assert "numerical_instability" not in [f.id for f in diag.findings]
+    assert [f.id for f in diag.findings] == ["lr_too_high_diverged", "numerical_instability"]
 
 
 def test_nan_module_names_the_module():
@@ -350,7 +360,8 @@ def test_a_flat_loss_far_above_the_held_out_loss_is_label_noise_not_the_lr():
     ev.series["param/update_ratio"] = [(s, 2.2e-2) for s, _ in ev.series["param/update_ratio"]]
     diag, first = top(ev)
     assert first.id == "noisy_labels_flat" and first.cards == []
-    assert "lr_high_with_flat_loss" not in {f.id for f in diag.findings}
+    # the flat loss with large steps is a symptom: listed, after the cause that explains it
+    assert [f.id for f in diag.findings] == ["noisy_labels_flat", "lr_high_with_flat_loss"]
 
 
 @pytest.mark.parametrize(("placement", "fires"), [("post", True), ("pre", False)])
@@ -377,7 +388,7 @@ def test_vanishing_gradients_in_early_blocks():
     assert first.id == "vanishing_early_layers"
     assert first.numbers["grad_layer_ratio"] == pytest.approx(1e-6 / 0.3)
     assert any("weakest blocks.0" in d for d in first.details)
-    assert "underfitting" not in [f.id for f in diag.findings]
+    assert all(f.symptom for f in diag.findings[1:])  # the flat loss: after its cause
 
 
 def test_input_bound_is_q3_and_io_first():
@@ -742,9 +753,10 @@ def test_nan_at_the_end_of_a_gradient_explosion_is_the_explosion():
     assert first.id == "exploded_then_nan" and first.priority == 100
     assert first.numbers["grad_norm_max_over_median"] > 1000
     assert first.numbers["nan_module"] == "tok_emb"  # shown for context
-    assert first.cards == ["grad_clip", "lr_down_10x"]
+    assert first.cards[:2] == ["grad_clip", "lr_down_10x"]
+    assert [also["id"] for also in first.also] == ["exploding_gradients"]  # one explosion
     ids = [f.id for f in diag.findings]
-    assert "nan_in_module" not in ids and "numerical_instability" not in ids
+    assert ids.index("nan_in_module") > 0 and "numerical_instability" not in ids
 
 
 @pytest.mark.parametrize("probes", [True, False])
@@ -789,7 +801,7 @@ def test_post_norm_whose_loss_climbs_back_is_the_norm_placement():
     assert first.numbers["post_norm"] == 1.0
     assert first.numbers["loss_rebound"] == pytest.approx(0.4 / 4.4, abs=0.02)
     assert first.cards == ["rope", "lr_down_10x", "pre_norm"]  # by measured effect
-    assert "lr_high_with_drift" not in [f.id for f in diag.findings]  # the generic row yields
+    assert [f.id for f in diag.findings][1] == "lr_high_with_drift"  # the generic row below
 
 
 def test_post_norm_rows_need_post_norm_and_a_rebound():
@@ -1038,7 +1050,7 @@ def write(tmp_path: Path, text: str) -> Path:
         ("group: training dynamics", "group: vibes", "group: Input should be"),
         ("question: Q1", "question: Q4", "question: Input should be 'Q1', 'Q2' or 'Q3', got 'Q4'"),
         ("threshold: 1}", "treshold: 1}", "unknown key 'treshold' in when.0"),
-        ("cards: [x]", "cards: [x]\n    unless: [nope]", "unless names unknown row 'nope'"),
+        ("cards: [x]", "cards: [x]\n    explains: nope", "no other row explains 'nope'"),
     ],
 )
 def test_table_loading_errors_name_file_row_and_fix(tmp_path, before, after, message):
@@ -1131,3 +1143,53 @@ def test_most_parameters_frozen_in_a_fresh_model_is_a_finding(first_loss, fires)
     )
     ids = [f.id for f in triage(ev).findings]
     assert ("params_frozen" in ids) == fires, ids
+
+
+def finding(row_id: str, question: str = "Q1", priority: int = 50, **fields) -> Finding:
+    """A fired row, as `triage` builds one, with only what ranking reads."""
+    return Finding(
+        id=row_id,
+        question=question,
+        group="training dynamics",
+        evidence=f"{row_id} seen",
+        cause="",
+        first_action="",
+        cards=fields.pop("cards", []),
+        severity=fields.pop("severity", 1.0),
+        priority=priority,
+        **fields,
+    )
+
+
+def test_a_symptom_ranks_after_every_training_cause_that_fired_with_it():
+    flat = finding("loss_flat", priority=45, symptom=True)
+    noise = finding("noisy_labels", priority=40)
+    slow_input = finding("input_bound", question="Q3", priority=35)
+    assert [f.id for f in ranked([flat, noise])] == ["noisy_labels", "loss_flat"]
+    # an efficiency finding explains no flat loss: the symptom keeps its tier above it
+    assert [f.id for f in ranked([slow_input, flat])] == ["loss_flat", "input_bound"]
+    # among causes, tier then severity
+    strong = finding("a", severity=3.0)
+    assert [f.id for f in ranked([finding("b"), strong, noise])] == ["a", "b", "noisy_labels"]
+
+
+def test_readings_of_one_cause_make_one_finding_led_by_the_first_ranked():
+    config = finding("lr_too_high_config", priority=80, explains="lr_too_high", cards=["down"])
+    surges = finding(
+        "lr_too_high_surges", priority=45, explains="lr_too_high", cards=["down", "warmup"]
+    )
+    other = finding("init_too_small", cards=["init"])
+    merged = one_per_cause(ranked([surges, other, config]))
+    assert [f.id for f in merged] == ["lr_too_high_config", "init_too_small"]
+    assert merged[0].also == [{"id": "lr_too_high_surges", "evidence": "lr_too_high_surges seen"}]
+    assert merged[0].cards == ["down", "warmup"]
+    # rows with no shared cause never merge, whatever their cards
+    assert len(one_per_cause([finding("a", cards=["x"]), finding("b", cards=["x"])])) == 2
+
+
+def test_every_shipped_cause_is_read_by_two_rows_or_more():
+    rows = load_tables()
+    causes = {row.explains for row in rows if row.explains}
+    assert {"lr_too_high", "lr_too_low", "label_noise", "gradient_explosion"} <= causes
+    for cause in causes:
+        assert sum(row.explains == cause for row in rows) >= 2, cause

@@ -27,6 +27,7 @@ from bench.corpus.invariant_rates import Recorder
 from bench.corpus.run import APP, EXPERIMENT
 from bench.corpus.schema import Form, load_corpus, load_forms
 from bench.diagnosis.run import inside
+from hyprun.diag.triage import cause_rank
 
 RESULTS = Path(__file__).with_name("results")
 SEED = 0
@@ -56,8 +57,8 @@ def probed(form: Form, twin: bool) -> dict[str, Any]:
     return {**{k: round(v, 4) for k, v in losses.items()}, **by_status}
 
 
-def diagnosed(form: Form, twin: bool, saw: str, workdir: Path) -> list[str]:
-    """`hyprun baseline` of the app (seed 0 only) and `hyprun diagnose` of it: finding ids."""
+def diagnosed(form: Form, twin: bool, saw: str, workdir: Path) -> list[dict[str, Any]]:
+    """`hyprun baseline` of the app (seed 0 only) and `hyprun diagnose` of it: its findings."""
     from hyprun.runner.control import controller
     from hyprun.runner.control.diagnose import diagnose
     from hyprun.runner.launch.app import HydraApp
@@ -70,7 +71,7 @@ def diagnosed(form: Form, twin: bool, saw: str, workdir: Path) -> list[str]:
         app = HydraApp.load(APP.format(form=form.form))
         state = controller.record_baseline(store, name, list(overrides), 1, saw, app=app)
         _, document = diagnose(store.uri, state.baseline["seed_runs"][0], store.experiment)
-    return [finding["id"] for finding in document["findings"]]
+    return document["findings"]
 
 
 def measure(form: Form, cause: list[str], saw: str, workdir: Path) -> dict[str, Any]:
@@ -84,8 +85,9 @@ def measure(form: Form, cause: list[str], saw: str, workdir: Path) -> dict[str, 
             out[side]["findings"], out[side]["error"] = [], f"{type(error).__name__}: {error}"
     fault, twin = out["fault"]["heldout_loss"], out["twin"]["heldout_loss"]
     out["harm"] = round(fault / twin - 1, 4)
-    found = out["fault"]["findings"]
-    out["rank"] = next((i for i, f in enumerate(found, 1) if f in cause), None)
+    out["rank"] = cause_rank(out["fault"]["findings"], cause)
+    for side in ("fault", "twin"):
+        out[side]["findings"] = [finding["id"] for finding in out[side]["findings"]]
     out["detected"] = out["rank"] is not None and out["rank"] <= TOP
     return out
 

@@ -19,6 +19,8 @@ from typing import Any
 
 import yaml
 
+from hyprun.diag.triage import cause_rank
+
 SCENARIOS = Path(__file__).with_name("scenarios.yaml")
 KINDS = ("fault", "control", "aa")
 EXPERIMENT = "bench-diagnosis"
@@ -190,7 +192,7 @@ def _triage(scenario: Scenario, document: dict[str, Any], result: dict[str, Any]
     """Record the ranked finding ids of a diagnosis, and where the true cause ranks among them."""
     findings = [f["id"] for f in document["findings"]]
     result.update(findings=findings, question=document["question"], diagnosed=True)
-    result["rank"] = next((i for i, f in enumerate(findings, 1) if f in scenario.cause), None)
+    result["rank"] = cause_rank(document["findings"], scenario.cause)
 
 
 def _recorded_seed0(store, name: str) -> str | None:

@@ -55,6 +55,7 @@ from bench.diagnosis.families import (
     reference_key,
 )
 from bench.frozen import diag_sha256, refusal, scored_draw
+from hyprun.diag.triage import cause_rank
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -201,7 +202,7 @@ def diagnosed(uri: str, run_id: str) -> dict[str, Any]:
     features = document["features"]
     return {
         "findings": [
-            {"id": f["id"], "severity": f["severity"], "cards": f["cards"]}
+            {"id": f["id"], "severity": f["severity"], "cards": f["cards"], "also": f["also"]}
             for f in document["findings"]
         ],
         "compute_s": (features.get("compute_s_best") or {}).get("value"),
@@ -267,8 +268,7 @@ def run_sets(
 
 
 def rank_of(result: dict[str, Any]) -> int | None:
-    ids = [f["id"] for f in result.get("findings", [])]
-    return next((i for i, f in enumerate(ids, 1) if f in result.get("cause", [])), None)
+    return cause_rank(result.get("findings", []), result.get("cause", []))
 
 
 def harmful(result: dict[str, Any], reference: dict[str, Any] | None) -> bool:

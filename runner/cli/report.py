@@ -257,7 +257,7 @@ def _findings_table(findings: list[dict]) -> Table:
         [
             str(rank),
             f"{f['id']} ({f.get('group', '')}, {f.get('question', '')})",
-            f.get("evidence", ""),
+            "; also ".join([f.get("evidence", ""), *(a["evidence"] for a in f.get("also", []))]),
             _numbers(f.get("numbers", {})),
             f.get("cause", ""),
             f.get("first_action", ""),

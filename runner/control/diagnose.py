@@ -276,7 +276,8 @@ def _render_findings(console: Console, findings: list[dict[str, Any]]) -> None:
         table.add_row(
             str(rank),
             f"{f['group']} ({f['question']})",
-            f"{f['evidence']}: {measured} [dim](severity {_fmt(f['severity'])})[/]",
+            f"{f['evidence']}: {measured} [dim](severity {_fmt(f['severity'])})[/]"
+            + "".join(f"\nalso ({also['id']}): {also['evidence']}" for also in f.get("also", [])),
             f["cause"],
             f["first_action"],
             named_cards(f),
@@ -292,7 +293,10 @@ def render_top(console: Console, document: dict[str, Any], top: int = 3) -> None
     if not findings:
         console.print("[green]No pattern fired: no finding to test.[/]")
     for rank, f in enumerate(findings[:top], 1):
-        console.print(f"  {rank}. {f['id']}: {f['evidence']} -> {named_cards(f)}", markup=False)
+        also = f" (+{len(f['also'])} more reading(s) of this cause)" if f.get("also") else ""
+        console.print(
+            f"  {rank}. {f['id']}: {f['evidence']}{also} -> {named_cards(f)}", markup=False
+        )
     if len(findings) > top:
         console.print(f"  ... {len(findings) - top} more: hyprun diagnose", markup=False)
 
