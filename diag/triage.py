@@ -32,6 +32,7 @@ from pydantic import model_validator
 
 from hyprun.diag.evidence import Evidence, plain
 from hyprun.diag.features import Feature, Features, evidence_for, features
+from hyprun.diag.reference import healthy_range
 from hyprun.diag.schema import QUESTIONS, Group, Question, Strict, read_yaml, validated
 
 TABLES_DIR = Path(__file__).parent / "tables"
@@ -386,6 +387,11 @@ def _holding_group(row: Pattern, feats: Features) -> tuple[Condition, ...] | Non
     return row.when + max(holding, key=lambda group: _severity(group, feats))
 
 
+def _beside(cond: Condition) -> str:
+    """What healthy runs measure, beside a numeric cut (diag/reference.py)."""
+    return healthy_range(cond.feature) if cond.op in ORDERING and cond.field == "value" else ""
+
+
 def _severity(conditions: tuple[Condition, ...], feats: Features) -> float:
     """The smallest ratio past threshold among the conditions (1.0 when none has a size)."""
     ratios = [r for c in conditions if (r := _ratio(c, feats.get(c.feature))) is not None]
@@ -404,7 +410,7 @@ def _fire(row: Pattern, feats: Features) -> Finding | None:
             details.append(f"{cond.text()}: {cond.feature} not measured")
             continue
         numbers[cond.feature] = feat.value
-        details.append(f"{cond.text()}: {feat.detail}")
+        details.append("; ".join(filter(None, [f"{cond.text()}: {feat.detail}", _beside(cond)])))
     for name in row.show:
         feat = feats.get(name)
         if feat is not None and name not in numbers:
@@ -431,6 +437,11 @@ def _fire(row: Pattern, feats: Features) -> Finding | None:
         explains=row.explains,
         symptom=row.symptom,
     )
+
+
+def fire(rows: list[Pattern], feats: Features) -> list[Finding]:
+    """The rows whose conditions hold on `feats`, as findings (unranked)."""
+    return [finding for row in rows if (finding := _fire(row, feats)) is not None]
 
 
 def _static_fallback(evidence: Evidence, rows: list[Pattern], feats: Features) -> list[Finding]:
@@ -593,8 +604,7 @@ def triage(evidence: Evidence, tables_dir: Path | str = TABLES_DIR) -> Diagnosis
     """Measure features, fire the table rows, rank the findings, evaluate the obvious list."""
     feats = features(evidence)
     rows = load_tables(tables_dir)
-    fired = [f for row in rows if (f := _fire(row, feats)) is not None]
-    kept = one_per_cause(ranked(fired + _static_fallback(evidence, rows, feats)))
+    kept = one_per_cause(ranked(fire(rows, feats) + _static_fallback(evidence, rows, feats)))
     obvious = check_obvious(load_obvious(tables_dir), feats)
     question = kept[0].question if kept else _implied_question(evidence)
     skipped = not_judged(rows, feats)

@@ -1,0 +1,65 @@
+"""The healthy reference (diag/reference.py): every training row is held to what healthy runs
+measure, and findings show each cut number beside the healthy range."""
+
+from __future__ import annotations
+
+import pytest
+
+from hyprun.diag.features import Feature
+from hyprun.diag.reference import Reference, dynamics_features, healthy_range, load_reference
+from hyprun.diag.triage import fire, load_tables, triage
+from tests.test_triage import healthy
+
+KNOWN_ALARMS = {"gpt/depth9_adamw": ["lr_high_with_flat_loss"]}
+"""The healthy set's one in-sample alarm (bench/diagnosis/README.md: a 9-layer model at the
+6-layer LR whose loss fell slowly): listed, so that a second one fails."""
+
+
+def alarms(reference: Reference) -> dict[str, list[str]]:
+    rows = load_tables()
+    out = {}
+    for name, run in reference.runs.items():
+        ids = [f.id for f in fire(rows, {k: Feature(v, "") for k, v in run.items()})]
+        if ids:
+            out[name] = ids
+    return out
+
+
+def test_no_row_fires_on_a_healthy_reference_run():
+    reference = load_reference()
+    populations = {name.split("/")[0] for name in reference.runs}
+    assert populations == {"gpt", "apps", "corpus"}  # ours and the foreign apps'
+    assert alarms(reference) == KNOWN_ALARMS
+
+
+def test_a_cut_inside_the_healthy_range_is_caught():
+    """A row whose cut healthy runs pass fires on them: the check above would fail."""
+    reference = load_reference()
+    run = next(iter(reference.runs.values()))
+    spiky = Reference(runs={"r": {**run, "grad_norm_max_over_median": 30.0}})
+    assert "exploding_gradients" in alarms(spiky)["r"]
+
+
+def test_the_reference_covers_what_the_training_rows_read():
+    values = {f for run in load_reference().runs.values() for f in run}
+    # flags that are never numbers on a healthy run (nan_module is a name or None) are absent
+    assert dynamics_features() - values <= {"nan_module"}
+
+
+def test_a_finding_shows_its_cut_numbers_beside_the_healthy_range():
+    ev = healthy()
+    for block, scale in enumerate([1e-6, 1e-5, 0.05, 0.3]):
+        key = f"grad/norm/blocks.{block}"
+        ev.series[key] = [(s, scale) for s, _ in ev.series[key]]
+    finding = next(f for f in triage(ev).findings if f.id == "vanishing_early_layers")
+    values = load_reference().values("grad_layer_ratio")
+    shown = f"healthy {min(values):.3g}-{max(values):.3g} ({len(values)} runs)"
+    assert shown == healthy_range("grad_layer_ratio")
+    assert any(
+        line.startswith("grad_layer_ratio < 0.01") and shown in line for line in finding.details
+    )
+
+
+@pytest.mark.parametrize("feature", ["diverged", "no_such_feature"])
+def test_no_range_where_healthy_runs_measure_nothing_to_compare(feature):
+    assert healthy_range(feature, Reference(runs={"r": {"loss_last": 1.0}})) == ""
