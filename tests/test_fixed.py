@@ -10,6 +10,7 @@ from hyprun.diag.fixed import finding_changes
 from hyprun.diag.triage import load_tables
 from hyprun.hypotheses.schema import load_cards
 from hyprun.runner.control.fixed import fixed_lines
+from hyprun.runner.control.verify import by_reading
 from hyprun.runner.store.investigation import Test
 
 SCAN = "held-out loss lowest at 8x the step taken (scanned 0/1/2/4/8x)"
@@ -67,6 +68,20 @@ def test_the_demos_surviving_finding_is_explained_with_its_numbers_and_the_next_
     assert "'hyprun verify H1 --promote', then 'hyprun test lr_up_10x --why ...'" in said
     promoted = verified(DEMO_BEFORE, after, promoted=True)
     assert "on the fixed config (now the baseline): 'hyprun test lr_up_10x --why ...'" in promoted
+
+
+def test_a_reading_merged_into_a_finding_is_verified_on_its_own():
+    """Triage writes the demo's baseline as one finding of one cause: steps_too_short, with the
+    flat loss merged into it (`also`). Verify reads each row, so the flat loss is still gone."""
+    merged = document(
+        ["steps_too_short"], **{k: v["value"] for k, v in DEMO_BEFORE["features"].items()}
+    )
+    merged["findings"][0]["also"] = [{"id": "loss_flat", "evidence": "the loss barely moved"}]
+    after = document(["steps_too_short"], loss_rel_drop=0.201, step_best_multiple=8.0)
+    said = verified(by_reading(merged), by_reading(after))
+    assert "gone: loss_flat, which H1 was tested for: loss_rel_drop 0.0344 → 0.201" in said
+    assert "still firing: steps_too_short, which H1 was tested for too" in said
+    assert "gone: loss_flat" not in verified(merged, after)  # by finding, the reading is lost
 
 
 def test_a_finding_moved_toward_healthy_but_not_past_its_threshold():

@@ -5,6 +5,7 @@ words it); `--promote` makes the fixed config the investigation's new baseline."
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from hyprun.diag.fixed import finding_changes
 from hyprun.diag.triage import load_tables
@@ -31,7 +32,8 @@ def verify(store: Store, name: str | None, test_name: str | None, promote: bool 
     before = diagnose(store.uri, state.baseline["seed_runs"][0], store.experiment)[1]
     runs = sorted(store.seed_runs(test.evidence_run), key=lambda r: int(r.data.tags["hyprun.seed"]))
     after = diagnose(store.uri, runs[0].info.run_id, store.experiment)[1]
-    found = finding_changes(before, after, {row.id: row for row in load_tables()})
+    rows = {row.id: row for row in load_tables()}
+    found = finding_changes(by_reading(before), by_reading(after), rows)
     result = {
         "test": f"H{test.number}",
         "resolved": [c.id for c in found if c.status == "gone"],
@@ -53,3 +55,14 @@ def verify(store: Store, name: str | None, test_name: str | None, promote: bool 
         store.tag(state.run_id, {"hyprun.baseline": json.dumps(promoted)})
         result["promoted"] = True
     return result
+
+
+def by_reading(document: dict[str, Any]) -> dict[str, Any]:
+    """The diagnosis with each reading a finding of its own: a fix is verified row by row, so a
+    reading merged into another row's finding (`also`) can be gone while its leader still fires."""
+    findings = []
+    for finding in document.get("findings", []):
+        findings.append(finding)
+        for also in finding.get("also", []):
+            findings.append({**finding, "id": also["id"], "evidence": also["evidence"], "also": []})
+    return {**document, "findings": findings}
