@@ -46,7 +46,7 @@ def seed_investigation(uri: str) -> None:
     """An investigation with a recorded baseline and four tests with verdicts (no jobs: status
     reads tags)."""
     from hyprun.runner import provenance
-    from hyprun.runner.control.controller import drift_key
+    from hyprun.runner.control.context import drift_key
     from hyprun.runner.store.investigation import Store
 
     store = Store(uri, "hyprun")

@@ -31,16 +31,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from hyprun.runner import markdown
-from hyprun.runner.control.controller import (
-    DEFAULT_PRIMARY,
-    Refused,
-    claim,
-    decide,
-    job_config,
-    record_baseline,
-    record_verdict,
-)
+from hyprun.runner.control.baseline import record_baseline
+from hyprun.runner.control.context import DEFAULT_PRIMARY, job_config
+from hyprun.runner.control.controller import Refused, claim
 from hyprun.runner.control.one_variable import measure
+from hyprun.runner.control.verdicts import decide, record_verdict
 from hyprun.runner.job.result import JobResult
 from hyprun.runner.job.train import run
 from hyprun.runner.store.investigation import STRIKES, State, Store

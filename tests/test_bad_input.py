@@ -275,7 +275,7 @@ def recorded(workdir, monkeypatch):
     import json
 
     from hyprun.runner import provenance
-    from hyprun.runner.control.controller import drift_key
+    from hyprun.runner.control.context import drift_key
     from hyprun.runner.store.investigation import Store
 
     uri = f"sqlite:///{workdir}/mlflow.db"

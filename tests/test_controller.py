@@ -14,7 +14,8 @@ from mlflow.tracking import MlflowClient
 from hyprun.runner.cli.main import main as hyprun
 from hyprun.runner.cli.report import write_report
 from hyprun.runner.control import controller, verify
-from hyprun.runner.control.controller import Refused, claim, record_baseline
+from hyprun.runner.control.baseline import record_baseline
+from hyprun.runner.control.controller import Refused, claim
 from hyprun.runner.control.notify import notify
 from hyprun.runner.control.one_variable import measure
 from hyprun.runner.errors import BadInput
@@ -270,7 +271,8 @@ def test_verify_promotes_the_fix_to_the_baseline(store, low_lr):
 
 def test_a_a_extra_seeds_posing_as_a_hypothesis_are_never_confirmed(store, low_lr):
     """The same config under other seeds: whatever the verdict, it must not be `confirmed`."""
-    from hyprun.runner.control.controller import DEFAULT_PRIMARY, decide, job_config
+    from hyprun.runner.control.context import DEFAULT_PRIMARY, job_config
+    from hyprun.runner.control.verdicts import decide
     from hyprun.runner.job.train import run
 
     parent = low_lr.run_id

@@ -16,7 +16,9 @@ import pytest
 
 from bench.faults import uninterrupted
 from hyprun.diag.effect import change
-from hyprun.runner.control.controller import DEFAULT_PRIMARY, decide, record_baseline
+from hyprun.runner.control.baseline import record_baseline
+from hyprun.runner.control.context import DEFAULT_PRIMARY
+from hyprun.runner.control.verdicts import decide
 from hyprun.runner.store.investigation import Store
 from tests.helpers import metric_history, python_env
 

@@ -39,7 +39,8 @@ from mlflow.tracking import MlflowClient
 
 from hyprun.hypotheses.schema import load_cards
 from hyprun.runner.cli.main import main as hyprun
-from hyprun.runner.control.controller import choose, record_baseline
+from hyprun.runner.control.baseline import record_baseline
+from hyprun.runner.control.controller import choose
 from hyprun.runner.control.one_variable import measure
 from hyprun.runner.errors import BadInput
 from hyprun.runner.store.investigation import STRIKES, Store

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from hyprun.runner.control.controller import where_tests_run
+from hyprun.runner.control.context import where_tests_run
 from hyprun.runner.errors import BadInput
 from hyprun.runner.job import dist
 from hyprun.runner.launch.launchers import (

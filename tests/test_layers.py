@@ -111,6 +111,27 @@ def test_imports_run_one_way():
     assert found == [], "\n".join(found)
 
 
+def test_the_controllers_steps_import_one_way():
+    """controller.py (the `test` command) imports the steps it runs (baseline, rounds, verdicts,
+    escalation, ...); none of them imports it back (sweep.py, a command on its claims and
+    refusals, does), and runner/control has no import cycle."""
+    control = {m: p for m, p in modules().items() if m.startswith("runner.control.")}
+    steps = {
+        m: {n.removeprefix("hyprun.") for n in imports_of(p)} & control.keys()
+        for m, p in control.items()
+    }
+    back = [m for m, found in steps.items() if "runner.control.controller" in found]
+    assert back == ["runner.control.sweep"], f"modules importing controller.py: {back}"
+
+    def reaches(start: str, target: str, seen: set[str]) -> bool:
+        return any(
+            n == target or (n not in seen and reaches(n, target, seen | {n})) for n in steps[start]
+        )
+
+    cycles = [m for m in steps if reaches(m, m, {m})]
+    assert cycles == [], f"runner/control modules in an import cycle: {cycles}"
+
+
 @pytest.mark.parametrize(
     "module, imported",
     [

@@ -13,8 +13,8 @@ import threading
 import pytest
 
 import hyprun.diag.verdict
-from hyprun.runner.control import controller
-from hyprun.runner.control.controller import claim_baseline_seed, record_baseline
+from hyprun.runner.control import controller, rounds
+from hyprun.runner.control.baseline import claim_baseline_seed, record_baseline
 from hyprun.runner.store.investigation import Store
 from tests.helpers import python_env
 
@@ -40,7 +40,7 @@ def undecidable():
     )
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(hyprun.diag.verdict, "load_params", lambda *args: params)
-        patch.setattr(controller, "load_params", lambda *args: params)
+        patch.setattr(rounds, "load_params", lambda *args: params)
         yield patch
 
 

@@ -106,7 +106,8 @@ def _test(store: Store, parent: str, number: int, variable: str, card: str = "")
 
 
 def test_findings_no_test_touched_are_named_until_a_test_touches_them(uri):
-    from hyprun.runner.control.controller import escalation_findings, summary
+    from hyprun.runner.control.escalation import escalation_findings
+    from hyprun.runner.control.standing import summary
     from hyprun.runner.store.investigation import findings_lines
 
     store = Store(uri, "hyprun")
@@ -132,7 +133,7 @@ def test_findings_no_test_touched_are_named_until_a_test_touches_them(uri):
 
 
 def test_the_parent_run_follows_its_tests_not_its_baseline(uri):
-    from hyprun.runner.control.controller import settle
+    from hyprun.runner.control.standing import settle
 
     store = Store(uri, "hyprun")
     parent = _investigation(store)

@@ -11,7 +11,7 @@ import pytest
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
 from hyprun.diag.verdict import MetricSpec, bonferroni_z, compare
-from hyprun.runner.control.controller import record_baseline
+from hyprun.runner.control.baseline import record_baseline
 from hyprun.runner.control.sweep import (
     BaselinePruner,
     TrialWatch,

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from hyprun.runner.control.controller import arm_name
+from hyprun.runner.control.verdicts import arm_name
 from hyprun.runner.store.investigation import (
     ARM,
     INVESTIGATION,

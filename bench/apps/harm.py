@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     if parsed is None:
         return 2
     args, split, name_of_set = parsed
-    from hyprun.runner.control import controller
+    from hyprun.runner.control.baseline import record_baseline
     from hyprun.runner.launch.app import HydraApp
     from hyprun.runner.launch.declaration import load_declaration
     from hyprun.runner.provenance import git_state
@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
             store = Store(f"sqlite:///{twin_folder}/mlflow.db", EXPERIMENT)
             twin_overrides = [*twin_of(table, entry), seed]
             app = HydraApp.load(form.app)
-            controller.record_baseline(store, name, twin_overrides, SEEDS, "twin", app=app)
+            record_baseline(store, name, twin_overrides, SEEDS, "twin", app=app)
             twin = finals(store, name, metric)
         change = statistics.fmean(fault) / statistics.fmean(twin) - 1
         rows.append({"id": entry.id, "fault": fault, "twin": twin, "change": change})

@@ -97,7 +97,7 @@ def _folder(table: Table, entry: Entry) -> Path:
 
 
 def _diagnose(table: Table, entry: Entry, scenario: Scenario, workdir: Path, result: dict) -> None:
-    from hyprun.runner.control import controller
+    from hyprun.runner.control.baseline import record_baseline
     from hyprun.runner.control.diagnose import diagnose
     from hyprun.runner.launch.app import HydraApp
     from hyprun.runner.store.investigation import Store
@@ -105,9 +105,7 @@ def _diagnose(table: Table, entry: Entry, scenario: Scenario, workdir: Path, res
     store = Store(f"sqlite:///{workdir}/mlflow.db", EXPERIMENT)
     app = HydraApp.load(table.forms[entry.form].app)
     saw = f"app benchmark entry {entry.id}"
-    state = controller.record_baseline(
-        store, scenario.name, list(scenario.base), SEEDS, saw, app=app
-    )
+    state = record_baseline(store, scenario.name, list(scenario.base), SEEDS, saw, app=app)
     _, document = diagnose(store.uri, state.baseline["seed_runs"][0], store.experiment)
     _triage(scenario, document, result)
     result["cards"] = list(dict.fromkeys(c for f in document["findings"] for c in f["cards"]))
@@ -117,6 +115,7 @@ def early_rejection(table: Table, form_name: str, workdir: Path) -> dict[str, An
     """A clearly worse test (LR 100x below best) against the form's default baseline, for real:
     its verdict, whether it stopped early, and the share of its planned steps saved."""
     from hyprun.runner.control import controller
+    from hyprun.runner.control.baseline import record_baseline
     from hyprun.runner.launch.app import HydraApp
     from hyprun.runner.store.investigation import Store
 
@@ -130,7 +129,7 @@ def early_rejection(table: Table, form_name: str, workdir: Path) -> dict[str, An
             app = HydraApp.load(form.app)
             name = f"early-{form_name}"
             why = "clearly worse: the LR 100x below the form's best"
-            controller.record_baseline(store, name, list(form.base), EARLY_SEEDS, why, app=app)
+            record_baseline(store, name, list(form.base), EARLY_SEEDS, why, app=app)
             controller.test(store, name, [delta], why)
             test = store.find(name).tests[-1]
             metrics = store.run(test.run_id).data.metrics

@@ -59,7 +59,7 @@ def probed(form: Form, twin: bool) -> dict[str, Any]:
 
 def diagnosed(form: Form, twin: bool, saw: str, workdir: Path) -> list[dict[str, Any]]:
     """`hyprun baseline` of the app (seed 0 only) and `hyprun diagnose` of it: its findings."""
-    from hyprun.runner.control import controller
+    from hyprun.runner.control.baseline import record_baseline
     from hyprun.runner.control.diagnose import diagnose
     from hyprun.runner.launch.app import HydraApp
     from hyprun.runner.store.investigation import Store
@@ -69,7 +69,7 @@ def diagnosed(form: Form, twin: bool, saw: str, workdir: Path) -> list[dict[str,
     with inside(workdir):
         store = Store(f"sqlite:///{workdir}/mlflow.db", EXPERIMENT)
         app = HydraApp.load(APP.format(form=form.form))
-        state = controller.record_baseline(store, name, list(overrides), 1, saw, app=app)
+        state = record_baseline(store, name, list(overrides), 1, saw, app=app)
         _, document = diagnose(store.uri, state.baseline["seed_runs"][0], store.experiment)
     return document["findings"]
 

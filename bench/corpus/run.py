@@ -71,6 +71,7 @@ def run_row(
 
 def _investigate(row: Row, scenario: Scenario, workdir: Path, result: dict[str, Any]) -> None:
     from hyprun.runner.control import controller
+    from hyprun.runner.control.baseline import record_baseline
     from hyprun.runner.control.diagnose import diagnose
     from hyprun.runner.errors import BadInput
     from hyprun.runner.launch.app import HydraApp
@@ -79,9 +80,7 @@ def _investigate(row: Row, scenario: Scenario, workdir: Path, result: dict[str, 
     store = Store(f"sqlite:///{workdir}/mlflow.db", EXPERIMENT)
     app = HydraApp.load(APP.format(form=row.form))
     overrides = list(scenario.base)
-    state = controller.record_baseline(
-        store, scenario.name, overrides, result["seeds"], row.saw, app=app
-    )
+    state = record_baseline(store, scenario.name, overrides, result["seeds"], row.saw, app=app)
     _, document = diagnose(store.uri, state.baseline["seed_runs"][0], store.experiment)
     _triage(scenario, document, result)
     result["cards"] = list(dict.fromkeys(c for f in document["findings"] for c in f["cards"]))

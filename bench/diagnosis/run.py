@@ -135,6 +135,7 @@ def _investigate(
 ) -> None:
     from hyprun.hypotheses.schema import load_cards
     from hyprun.runner.control import controller, verify
+    from hyprun.runner.control.baseline import record_baseline
     from hyprun.runner.control.diagnose import diagnose
     from hyprun.runner.errors import BadInput
     from hyprun.runner.store.investigation import Store
@@ -144,7 +145,7 @@ def _investigate(
     overrides = [*common, f"checkpoint.dir={workdir}/ckpt", *scenario.overrides]
     result["budget_tokens"] = int(_composed(overrides).budget.tokens)
     try:
-        state = controller.record_baseline(store, name, overrides, seeds, scenario.fault)
+        state = record_baseline(store, name, overrides, seeds, scenario.fault)
     except Exception as error:
         # `hyprun baseline` failed: that is the verdict. Its seed runs may still be recorded,
         # and a user would still run `hyprun diagnose` on one, so triage is measured anyway.

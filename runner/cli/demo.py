@@ -17,7 +17,9 @@ from rich.rule import Rule
 from hyprun.hypotheses.schema import cards_for, load_cards
 from hyprun.runner.cli.where import where_to_look
 from hyprun.runner.control import controller, verify
+from hyprun.runner.control.baseline import record_baseline
 from hyprun.runner.control.diagnose import diagnose
+from hyprun.runner.control.standing import headline
 from hyprun.runner.store.investigation import Store, findings_lines
 
 COMMON = [
@@ -40,7 +42,7 @@ def run_demo(store: Store, seeds: int = 3) -> dict[str, str]:
     console.print(Rule("Compare the runs"))
     for name in (fixed, escalated):
         state = store.find(name)
-        console.print(f"{name}: {controller.headline(state)}", markup=False)
+        console.print(f"{name}: {headline(state)}", markup=False)
         for line in where_to_look(store, state):
             console.print(f"  {line}", markup=False)
     return {"fixed": fixed, "escalated": escalated}
@@ -53,7 +55,7 @@ def show_findings(state) -> None:
 
 def planted_fault(store: Store, name: str, seeds: int) -> str:
     console.print(Rule(f"Investigation {name}: loss barely moves"))
-    state = controller.record_baseline(store, name, [*COMMON, *FAULT], seeds, "loss is flat")
+    state = record_baseline(store, name, [*COMMON, *FAULT], seeds, "loss is flat")
     _, diagnosis = diagnose(store.uri, state.baseline["seed_runs"][0], store.experiment)
     findings = [f["id"] for f in diagnosis["findings"]]
     console.print(f"diagnosis: question {diagnosis['question']}")
@@ -72,7 +74,7 @@ def planted_fault(store: Store, name: str, seeds: int) -> str:
 
 def data_problem(store: Store, name: str, seeds: int) -> str:
     console.print(Rule(f"Investigation {name}: the loss plateaus high"))
-    state = controller.record_baseline(store, name, [*COMMON, *DATA_PROBLEM], seeds, "plateau")
+    state = record_baseline(store, name, [*COMMON, *DATA_PROBLEM], seeds, "plateau")
     show_findings(state)
     console.print("the classic plateau report's recipe tweaks, one at a time:")
     cards = load_cards()

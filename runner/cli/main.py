@@ -125,7 +125,7 @@ def _store(overrides: list[str] | None = None, experiment: str | None = None):
 def cmd_baseline(args: argparse.Namespace) -> int:
     """Record a baseline: k seeds of the config as controlled jobs, L0 checks, triage."""
     from hyprun.runner.cli.where import where_to_look
-    from hyprun.runner.control.controller import record_baseline
+    from hyprun.runner.control.baseline import record_baseline
     from hyprun.runner.launch.app import HydraApp
     from hyprun.runner.launch.launchers import split
 
@@ -274,7 +274,7 @@ def cmd_upload(args: argparse.Namespace) -> int:
 
 def cmd_reset(args: argparse.Namespace) -> int:
     """Record a human decision on an escalated investigation and reopen it."""
-    from hyprun.runner.control.controller import reset
+    from hyprun.runner.control.escalation import reset
 
     state = reset(_store(experiment=args.experiment), args.investigation, args.by, args.reason)
     console.print(f"investigation {state.name!r} reopened by {args.by}: {args.reason}")

@@ -1,7 +1,7 @@
 """Early rejection: a test's seeds are watched as they train and the test is stopped once it is
 clearly worse than the baseline band, saving the rest of its budget.
 
-The controller (runner/control/controller.py) opens one `EarlyRejection` per test, starts it at
+A test's rounds (runner/control/rounds.py) open one `EarlyRejection` per test, start it at
 each round with the baseline seeds of that look, and hands each seed's launcher the callback
 `for_seed` returns: our job calls it at every held-out evaluation, an app's watcher
 (runner/launch/watch.py) as the declared metric appears in MLflow. The decision itself is pure:

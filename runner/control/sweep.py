@@ -41,26 +41,18 @@ from optuna.trial import TrialState
 from hyprun.diag.metric import MetricSpec
 from hyprun.diag.verdict import early_reject
 from hyprun.runner.compose import compose
+from hyprun.runner.control.context import DEFAULT_PRIMARY, Outcome, app_of, where_tests_run
 from hyprun.runner.control.controller import (
-    DEFAULT_PRIMARY,
-    Outcome,
-    aggregates,
-    app_of,
     claim,
-    decide,
-    in_rounds,
     open_test,
     preflight_test,
-    record_error,
-    record_verdict,
     refusals_as_outcomes,
     refuse_repeat,
-    seed_configs,
-    test_design,
-    where_tests_run,
 )
 from hyprun.runner.control.early import seed_curves
 from hyprun.runner.control.one_variable import Delta, measure
+from hyprun.runner.control.rounds import in_rounds, seed_configs, test_design
+from hyprun.runner.control.verdicts import aggregates, decide, record_error, record_verdict
 from hyprun.runner.errors import BadInput, JobsFailed
 from hyprun.runner.job.result import JobResult
 from hyprun.runner.launch.app import HydraApp

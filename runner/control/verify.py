@@ -10,7 +10,7 @@ from typing import Any
 from hyprun.diag.fixed import finding_changes
 from hyprun.diag.triage import load_tables
 from hyprun.hypotheses.schema import load_cards
-from hyprun.runner.control.controller import app_of, console, drift_key
+from hyprun.runner.control.context import app_of, console, drift_key
 from hyprun.runner.control.fixed import fixed_lines
 from hyprun.runner.errors import BadInput
 from hyprun.runner.store.investigation import Store

@@ -16,7 +16,7 @@ import pytest
 
 from hyprun.runner.cli.report import write_report
 from hyprun.runner.control import controller
-from hyprun.runner.control.controller import record_baseline
+from hyprun.runner.control.baseline import record_baseline
 from hyprun.runner.store.investigation import CURVES, Store, links
 from tests.e2e import browser
 

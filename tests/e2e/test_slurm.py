@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from hyprun.runner.control.controller import job_config
+from hyprun.runner.control.context import job_config
 from hyprun.runner.launch.launchers import Failed, Job, Slurm, launcher_params, sacct_states
 from hyprun.runner.store.investigation import Store
 from tests.helpers import metric_history, python_env
