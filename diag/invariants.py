@@ -187,7 +187,8 @@ def loss_on_padding(reads: Sequence[tuple[int, int]]) -> list[Violation]:
     if it were text (labels = input_ids with the padding not set to the ignore index), which
     dilutes the loss on real tokens and reports it lower than it is. `reads`: per call whose
     targets are the next tokens, (targets counted at a masked position, targets counted).
-    Hook: the forward's `attention_mask` beside its input ids; the target at t is the token at
+    Hook: the forward's `attention_mask` beside its input ids, else a mask made from the pad id
+    the loop declares (runner/job/invariant_hooks.padding_mask); the target at t is the token at
     t + 1, so it is padding where the mask is 0 at t + 1."""
     return [
         Violation(

@@ -13,7 +13,7 @@ import yaml
 
 from bench.apps.__main__ import RESULTS, ROOT, main
 from bench.apps.run import entry_overrides
-from bench.apps.schema import TABLE, load_table, plant, twin_of
+from bench.apps.schema import TABLE, load_repairs, load_table, plant, twin_of
 from bench.apps.split import SETS, SPLIT, draw, load_split, redraw, taken_seeds
 from bench.corpus.split import sha256
 
@@ -68,8 +68,20 @@ def test_each_fault_is_one_variable_of_its_twin_and_every_entry_composes():
 
 def test_the_split_is_the_seeded_draw_of_the_table_as_it_stands():
     frozen = yaml.safe_load(SPLIT.read_text())
-    assert frozen["table_sha256"] == sha256(TABLE), "table.yaml changed after the split"
+    table = frozen["table_sha256"]
+    for repair in load_repairs():
+        assert repair.before == table, f"a repair of {repair.entries} does not follow the last"
+        assert {h.id for h in TABLE_NOW.healthy} | set(TABLE_NOW.families) >= set(repair.entries)
+        table = repair.after
+    assert table == sha256(TABLE), "table.yaml changed after the split without a repair"
     assert draw(TABLE_NOW, frozen["seed"]) == {name: frozen[name] for name in SETS}
+
+
+def test_a_draw_made_after_a_repair_holds_the_repaired_table():
+    for repair in load_repairs():
+        drawn = ROOT / repair.from_draw
+        if drawn.exists():  # the repair is committed before the draw that first scores it
+            assert yaml.safe_load(drawn.read_text())["table_sha256"] == repair.after
 
 
 def test_held_out_magnitudes_and_seeds_are_ones_tuning_never_saw():

@@ -116,32 +116,43 @@ def probe_statuses(overrides: list[str]) -> dict[str, str]:
 
 
 ACCUMULATED = ["train.accum=4", "train.batch=4"]
-CHECKS = ("labels_misaligned", "accumulation_loss_scale", "clip_ineffective", "repeated_batch")
+CHECKS = (
+    "labels_misaligned",
+    "accumulation_loss_scale",
+    "clip_ineffective",
+    "repeated_batch",
+    "loss_on_padding",
+)
 
 
 @pytest.mark.parametrize(
     ("overrides", "statuses"),
     [
-        ([], ("pass", "skip", "pass", "pass")),
-        (["optim.clip=0"], ("pass", "skip", "skip", "pass")),
-        (["bug.labels_not_shifted=true"], ("fail", "skip", "pass", "pass")),
-        (["bug.labels_shifted_twice=true"], ("fail", "skip", "pass", "pass")),
-        (["bug.padding_in_loss=true", "data.min_len=2"], ("pass", "skip", "pass", "pass")),
-        (ACCUMULATED, ("pass", "pass", "pass", "pass")),
-        ([*ACCUMULATED, "bug.accum_loss_not_divided=true"], ("pass", "fail", "pass", "pass")),
-        ([*ACCUMULATED, "bug.accum_mean_of_means=true", "data.min_len=2"], ("pass",) * 4),
-        (["bug.clip_after_step=true", "optim.clip=0.25"], ("pass", "skip", "fail", "pass")),
-        (["bug.same_batch_every_step=true"], ("pass", "skip", "pass", "fail")),
-        (["bug.data_not_shuffled=true"], ("pass", "skip", "pass", "pass")),
+        ([], ("pass", "skip", "pass", "pass", "pass")),
+        (["optim.clip=0"], ("pass", "skip", "skip", "pass", "pass")),
+        (["bug.labels_not_shifted=true"], ("fail", "skip", "pass", "pass", "skip")),
+        (["bug.labels_shifted_twice=true"], ("fail", "skip", "pass", "pass", "skip")),
+        (["bug.padding_in_loss=true", "data.min_len=2"], ("pass", "skip", "pass", "pass", "fail")),
+        (ACCUMULATED, ("pass",) * 5),
+        (
+            [*ACCUMULATED, "bug.accum_loss_not_divided=true"],
+            ("pass", "fail", "pass", "pass", "pass"),
+        ),
+        ([*ACCUMULATED, "bug.accum_mean_of_means=true", "data.min_len=2"], ("pass",) * 5),
+        (["bug.clip_after_step=true", "optim.clip=0.25"], ("pass", "skip", "fail", "pass", "pass")),
+        (["bug.same_batch_every_step=true"], ("pass", "skip", "pass", "fail", "pass")),
+        (["bug.data_not_shuffled=true"], ("pass", "skip", "pass", "pass", "pass")),
     ],
 )
 def test_the_probe_reads_targets_loss_scale_clipping_and_batches_as_the_loop_wrote_them(
     overrides, statuses
 ):
     """Targets equal to the inputs (not shifted) or two on (shifted twice) break next-token
-    prediction; padding as a target does not move the offset. A micro-batch mean summed over
-    4 micro-batches weighs the step's tokens 4; a mean of means keeps the total weight 1 (its
-    harm is the weighting between micro-batches, which this check does not read). Clipping
+    prediction; padding as a target does not move the offset, and the loop names its pad id
+    (its forward gets no attention mask), so padding counted as a target is read off the ids.
+    A micro-batch mean summed over 4 micro-batches weighs the step's tokens 4; a mean of means
+    keeps the total weight 1 (its harm is the weighting between micro-batches, which this check
+    does not read). Clipping
     after optimizer.step() leaves the step's gradients above the threshold; with no threshold
     declared there is nothing to hold the step to. A fresh iterator each step trains on one
     batch again and again; a loader that does not shuffle still draws a new batch each step."""

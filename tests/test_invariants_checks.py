@@ -66,6 +66,25 @@ def test_a_target_the_attention_mask_hides_is_padding_in_the_loss():
     assert padding.where == "call 1" and padding.evidence.startswith("30 of 120")
 
 
+def test_without_a_mask_the_declared_pad_id_at_a_rows_ends_is_padding():
+    """Right and left padding, less the pad next to the text (a real end-of-text token where
+    the padding reuses its id); a pad id inside the text is text."""
+    import torch
+
+    from hyprun.runner.job.invariant_hooks import padded_targets, padding_mask
+
+    ids = torch.tensor([[5, 6, 7, 0, 0, 0], [5, 0, 6, 7, 8, 9], [0, 0, 5, 6, 7, 8]])
+    assert padding_mask(ids, pad_id=0).tolist() == [
+        [1, 1, 1, 1, 0, 0],
+        [1, 1, 1, 1, 1, 1],
+        [0, 1, 1, 1, 1, 1],
+    ]
+    labels = torch.cat([ids[:, 1:], torch.full((3, 1), -100)], dim=1)  # next tokens, padding kept
+    assert padded_targets(padding_mask(ids, 0), labels, -100) == (2, 15)
+    ignored = labels.masked_fill(padding_mask(ids, 0).roll(-1, 1) == 0, -100)
+    assert padded_targets(padding_mask(ids, 0), ignored, -100)[0] == 0
+
+
 def test_targets_must_be_the_next_tokens():
     shifted, copied, twice = (0.1, 1.0, 0.05), (1.0, 0.1, 0.02), (0.05, 0.1, 1.0)
     assert inv.labels_misaligned([shifted]) == [] and inv.labels_judged([shifted])

@@ -199,6 +199,8 @@ def test_embedding_growth_from_a_tiny_init_is_not_an_explosion():
     assert features(ev)["embedding_rms_growth"].value > 40
     assert triage(ev).findings == []
     ev.series["param/embedding_rms"] = pts(0.02 * (1 + 19 * p / p[-1]), PROBE)
+    assert triage(ev).findings == [], "growth inside the LR band is no harm"
+    ev.static[1] |= {"status": "warn", "value": 1e-2, "why": "LR above the usual band"}
     diag, first = top(ev)
     assert first.id == "embedding_norm_explosion"
     assert first.numbers["embedding_rms_last"] == pytest.approx(0.4, rel=0.05)

@@ -11,6 +11,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 TABLE = Path(__file__).with_name("table.yaml")
+REPAIRS = Path(__file__).with_name("repairs.yaml")
 
 
 class Form(BaseModel):
@@ -97,6 +98,27 @@ class Entry(BaseModel):
 
 def load_table(path: Path = TABLE) -> Table:
     return Table.model_validate(yaml.safe_load(Path(path).read_text()))
+
+
+class Repair(BaseModel):
+    """A broken entry of table.yaml mended after the split (said in the commit). The split and
+    each draw record the table they were drawn from; the repairs chain that table to today's."""
+
+    model_config = ConfigDict(extra="forbid")
+    before: str
+    """sha256 of table.yaml before the repair."""
+    after: str
+    """sha256 of table.yaml after it."""
+    entries: list[str] = Field(min_length=1)
+    """The ids of the entries it changed."""
+    measured: str
+    """What showed the entry broken, with the numbers."""
+    from_draw: str
+    """The first draw scored with the repaired table (earlier draws keep the old entry)."""
+
+
+def load_repairs(path: Path = REPAIRS) -> list[Repair]:
+    return [Repair.model_validate(r) for r in yaml.safe_load(Path(path).read_text())["repairs"]]
 
 
 def value(template: str, m: float, lr: float) -> str:

@@ -84,6 +84,19 @@ def padded_targets(mask: torch.Tensor, target: torch.Tensor, ignore: int) -> tup
     return int((counted & hidden).sum()), int(counted.sum())
 
 
+def padding_mask(ids: torch.Tensor, pad_id: int) -> torch.Tensor:
+    """A mask from the ids alone (0: padding): the run of `pad_id` at each row's end (right
+    padding) or start (left padding), less its one next to the text, which may be a real
+    end-of-text token where the padding reuses its id (GPT-2's habit)."""
+    is_pad = (ids == pad_id).long()
+    width = ids.shape[1]
+    leading = is_pad.cumprod(1).sum(1, keepdim=True)
+    trailing = is_pad.flip(1).cumprod(1).sum(1, keepdim=True)
+    position = torch.arange(width, device=ids.device)
+    padded = (position < leading - 1) | (position > width - trailing)
+    return (~padded).long()
+
+
 def _is_ids(tensor) -> bool:
     return torch.is_tensor(tensor) and not tensor.is_floating_point() and tensor.dim() >= 1
 
@@ -185,6 +198,8 @@ class InvariantHooks:
         self._loss_mode: LossInputs | None = None
         self._inputs: torch.Tensor | None = None
         self._mask: torch.Tensor | None = None
+        self.pad_id: int | None = None
+        """The padding id a loop named (Probe's pad_id): read when the forward has no mask."""
         self._handles = [model.register_forward_pre_hook(self._forward, with_kwargs=True)]
         for parameter in model.parameters():
             if parameter.requires_grad:
@@ -196,6 +211,8 @@ class InvariantHooks:
         if self._step < LOSS_READ_STEPS and torch.is_grad_enabled():
             self._inputs = _input_ids(args, kwargs)
             self._mask = _attention_mask(kwargs, self._inputs)
+            if self._mask is None and self._inputs is not None and self.pad_id is not None:
+                self._mask = padding_mask(self._inputs, self.pad_id)
             step = self._step_loss()
             if step.forwards == 0 and self._inputs is not None:  # the step's first micro-batch
                 self.batch_prints.append(hash(self._inputs.cpu().numpy().tobytes()))

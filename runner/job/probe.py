@@ -89,6 +89,10 @@ class Probe:
     epoch_steps: optimizer steps in one pass over the training data, when known: the
         fair-stream check compares the training loss with the step scan's held-out loss within
         the first epoch (it needs `heldout`); None: that check is skipped.
+    pad_id: the token id that pads a sequence, for a loop whose forward gets no attention mask:
+        the padding check then reads the runs of it at a row's ends as padding (the first pad
+        after the text may be a real end-of-text token, so it is not counted). An attention
+        mask, when the forward gets one, is read instead. None: only a mask is read.
     tracker: where to log (default: hyprun.runner.store.tracking.open_app_run, on rank 0 only).
 
     At its first two optimizer steps the probe also reads what the optimizer and model say
@@ -127,6 +131,7 @@ class Probe:
         grad_clip: float | None = None,
         total_steps: int | None = None,
         epoch_steps: int | None = None,
+        pad_id: int | None = None,
         watch_forward: bool = True,
         hook_optimizer: bool = True,
         tracker=None,
@@ -215,6 +220,7 @@ class Probe:
         self._grad_clip = grad_clip
         self.total_steps, self.epoch_steps = total_steps, epoch_steps
         self.invariants = InvariantHooks(model, self._reads_stale_grads)
+        self.invariants.pad_id = pad_id
         """The run-long invariants' hooks (mode modules, gradients left over, LRs)."""
         self.invariants.read_step_norms = hook_optimizer and isinstance(
             optimizer, torch.optim.Optimizer

@@ -12,7 +12,7 @@ import mlflow
 import torch
 from omegaconf import DictConfig
 
-from bench.corpus.apps.loop.data import batch_order, sequences
+from bench.corpus.apps.loop.data import PAD, batch_order, sequences
 from bench.corpus.apps.loop.loss import eval_loss, token_loss
 from bench.corpus.apps.loop.model import TinyLM
 from hyprun.runner.job.probe import Probe
@@ -101,6 +101,7 @@ def fit(cfg: DictConfig, log=None, probe: bool = True, attach=None, tracker=None
             grad_clip=float(cfg.optim.clip or 0.0),  # what the loop applies, for the L0 check
             total_steps=t.steps,
             epoch_steps=steps_per_epoch,
+            pad_id=PAD,  # the forward gets no attention mask
             tracker=tracker,
         )
     if attach:
