@@ -63,3 +63,15 @@ def test_a_finding_shows_its_cut_numbers_beside_the_healthy_range():
 @pytest.mark.parametrize("feature", ["diverged", "no_such_feature"])
 def test_no_range_where_healthy_runs_measure_nothing_to_compare(feature):
     assert healthy_range(feature, Reference(runs={"r": {"loss_last": 1.0}})) == ""
+
+
+def test_each_cut_is_measured_against_the_healthy_extreme_on_its_side():
+    from bench.margins import cuts, margin
+
+    assert margin(">", 20.0, 1.0, 4.0) == (5.0, True)
+    assert margin("<", 0.01, 0.1, 0.9) == (pytest.approx(10.0), True)
+    assert margin(">", 0.25, -0.1, 0.0) == (pytest.approx(2.5), False)  # a distance in ranges
+    found = {(cut.row, cut.feature): cut for cut in cuts()}
+    spikes = found[("exploding_gradients", "grad_norm_max_over_median")]
+    values = load_reference().values("grad_norm_max_over_median")
+    assert spikes.margin == pytest.approx(spikes.threshold / max(values))
