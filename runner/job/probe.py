@@ -220,8 +220,8 @@ class Probe:
         self._grad_clip = grad_clip
         self.total_steps, self.epoch_steps = total_steps, epoch_steps
         self.invariants = InvariantHooks(model, self._reads_stale_grads)
-        self.invariants.pad_id = pad_id
         """The run-long invariants' hooks (mode modules, gradients left over, LRs)."""
+        self.invariants.pad_id = pad_id
         self.invariants.read_step_norms = hook_optimizer and isinstance(
             optimizer, torch.optim.Optimizer
         )
