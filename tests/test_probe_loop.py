@@ -117,6 +117,7 @@ def test_steps_as_the_unit_when_declared(uri):
         ({"step_unit": "epochs"}, "step_unit='epochs' is unknown"),
         ({"log_every_steps": 0}, "need every_steps >= 0 and log_every_steps >= 1"),
         ({"max_overhead": 2.0}, "need 0 <= max_overhead < 1"),
+        ({"pad_id": "<pad>"}, "need the integer token id that pads"),
     ],
 )
 def test_bad_settings_are_refused_before_any_run(uri, workdir, options, expected):

@@ -59,7 +59,8 @@ def _trainer_callback() -> type:
             options["epoch_steps"] = _epoch_steps(
                 kwargs.get("train_dataloader"), args.gradient_accumulation_steps
             )
-            options["pad_id"] = getattr(getattr(model, "config", None), "pad_token_id", None)
+            pad_id = getattr(getattr(model, "config", None), "pad_token_id", None)
+            options["pad_id"] = pad_id if isinstance(pad_id, int) else None  # some configs: a list
             options |= self.options
             trainer = _calling_trainer()
             loader = kwargs.get("eval_dataloader")  # set once an evaluation ran

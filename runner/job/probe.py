@@ -145,6 +145,8 @@ class Probe:
                 f"max_overhead={max_overhead}, free_probes={free_probes}: need "
                 "0 <= max_overhead < 1 (a share of the run's time) and free_probes >= 0"
             )
+        if pad_id is not None and (isinstance(pad_id, bool) or not isinstance(pad_id, int)):
+            raise ValueError(f"pad_id={pad_id!r}: need the integer token id that pads, or None")
         if every_steps < 0 or log_every_steps < 1:
             raise ValueError(
                 f"every_steps={every_steps}, log_every_steps={log_every_steps}: "
