@@ -203,6 +203,7 @@ class Finding:
             "severity": _json_num(self.severity),
             "priority": self.priority,
             "explains": self.explains,
+            "symptom": self.symptom,
             "also": list(self.also),
             "numbers": {k: _json_num(v) for k, v in self.numbers.items()},
             "details": list(self.details),

@@ -20,8 +20,8 @@ from hyprun.diag.features import why_unmeasured
 from hyprun.diag.live_checks import L0_TAG
 from hyprun.diag.static import DataSample, DeviceInfo, device_info, run_checks
 from hyprun.diag.triage import triage
-from hyprun.hypotheses.applies import unchanged, unchanged_by
-from hyprun.hypotheses.schema import load_cards
+from hyprun.hypotheses.applies import reversed_key, unchanged, unchanged_by
+from hyprun.hypotheses.schema import Card, load_cards
 from hyprun.runner.errors import BadInput
 from hyprun.runner.launch.knobs import Knob, from_dicts, translate
 from hyprun.runner.store.investigation import Store
@@ -121,6 +121,7 @@ def diagnose(uri: str, run_id: str | None, experiment: str) -> tuple[str, dict[s
     # A user's app: its cards in its own keys, through the knobs its seed run recorded.
     knobs = from_dicts(json.loads(tags.get("hyprun.knobs", "{}"))) if "hyprun.app" in tags else None
     drop_noop_cards(document["findings"], config, knobs)
+    drop_reversing_cards(document["findings"])
     record_diagnosis(uri, run_id, document)
     return run_id, document
 
@@ -170,6 +171,34 @@ def drop_noop_cards(
         if knobs is not None:
             finding["deltas"] = {card: deltas[card] for card in kept}
             finding["knobs_to_declare"] = sorted(set(missing))
+
+
+def drop_reversing_cards(findings: list[dict[str, Any]]) -> None:
+    """Remove from each symptom the cards that move a key the other way from a card of a cause
+    ranked above it: the loss can sit flat because the LR is far too high as well as too low,
+    and once a cause (the LR outside the L0 band) names the direction, testing the symptom's
+    opposite card costs a strike whatever the first test says. Why stays on the finding."""
+    cards = load_cards()
+    causes: list[tuple[str, Card]] = []  # (finding id, card) of the causes ranked so far
+    for finding in findings:
+        mine = [cards[card] for card in finding["cards"] if card in cards]
+        if not finding.get("symptom"):
+            causes += [(finding["id"], card) for card in mine]
+            continue
+        for card in mine:
+            undone = [(cause, theirs) for cause, theirs in causes if reversed_key(card, theirs)]
+            if not undone:
+                continue
+            cause, theirs = undone[0]
+            finding["cards"].remove(card.id)
+            finding.get("deltas", {}).pop(card.id, None)
+            finding.setdefault("cards_not_suggested", []).append(
+                {
+                    "card": card.id,
+                    "reason": f"moves {reversed_key(card, theirs)} the other way from "
+                    f"{theirs.id}, the card of {cause} (a cause ranked above this symptom)",
+                }
+            )
 
 
 def named_cards(finding: dict[str, Any]) -> str:
@@ -240,7 +269,7 @@ def render_diagnosis(console: Console, document: dict[str, Any]) -> None:
     if not findings:
         console.print("[green]No pattern fired: no finding to test.[/]")
     else:
-        _render_findings(console, findings)
+        render_findings(console, findings)
         console.print(next_step(document), markup=False)
     render_missing(console, document)
 
@@ -265,7 +294,7 @@ def render_missing(console: Console, document: dict[str, Any]) -> None:
     console.print(table)
 
 
-def _render_findings(console: Console, findings: list[dict[str, Any]]) -> None:
+def render_findings(console: Console, findings: list[dict[str, Any]]) -> None:
     table = Table(title="Findings, most likely first", title_justify="left")
     for column in ("#", "group", "evidence (measured)", "likely cause", "first action", "cards"):
         table.add_column(column, overflow="fold")
@@ -280,7 +309,11 @@ def _render_findings(console: Console, findings: list[dict[str, Any]]) -> None:
             + "".join(f"\nalso ({also['id']}): {also['evidence']}" for also in f.get("also", [])),
             f["cause"],
             f["first_action"],
-            named_cards(f),
+            named_cards(f)
+            + "".join(
+                f"\n[dim]not suggested: {left['card']}: {left['reason']}[/]"
+                for left in f.get("cards_not_suggested", [])
+            ),
         )
     console.print(table)
 
