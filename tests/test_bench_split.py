@@ -29,12 +29,15 @@ from bench.diagnosis.split import (
     _strikes,
     card_orders,
     draw,
+    harmful,
     load_split,
     main,
     rank_of,
     reference_of,
     run_sets,
 )
+from bench.shared_cut import load_runs, score, write_tables
+from hyprun.diag.reference import load_reference
 from hyprun.hypotheses.schema import load_cards
 from hyprun.runner.compose import compose
 
@@ -170,3 +173,13 @@ def test_one_fault_and_its_healthy_reference_end_to_end(tmp_path, monkeypatch):
     assert results["tiny2_adamw"]["findings"] == []
     assert rank_of(results[fault]) == 1
     assert name_of(SPLIT["tuning"][5]) == fault
+    # bench.shared_cut re-triages the recorded runs; with the tables as they are, as recorded
+    _, evidence = load_runs(tmp_path)
+    (tmp_path / "own").mkdir()
+    write_tables(tmp_path / "own", None, load_reference())
+    found = score(results, evidence, tmp_path / "own", ["tuning"])
+    scored = int(harmful(results[fault], results["tiny2_adamw"]))
+    assert found == {
+        "faults": {"top1": scored, "top3": scored, "of": scored},
+        "healthy": {"quiet": 1, "of": 1},
+    }

@@ -93,10 +93,9 @@ def default_run(uri: str, experiment: str, investigation: str | None = None) -> 
     return run_id
 
 
-def diagnose(uri: str, run_id: str | None, experiment: str) -> tuple[str, dict[str, Any]]:
-    """(run id, diagnosis document) of a recorded run (default: see `default_run`); the
-    document is also logged on it."""
-    run_id = run_id or default_run(uri, experiment)
+def read_evidence(uri: str, run_id: str) -> tuple[Evidence, bool]:
+    """A recorded run's evidence, and whether the run is our job's (its L0 checks read from its
+    config and data) rather than an app's or a probed loop's (read from the live optimizer)."""
     try:
         config, series, tags = read_run(uri, run_id)
     except Exception as error:
@@ -106,7 +105,15 @@ def diagnose(uri: str, run_id: str | None, experiment: str) -> tuple[str, dict[s
     # and a run the probe API recorded in someone's loop has none of ours.
     job = "hyprun.app" not in tags and is_job_config(config)
     static = static_checks(config, this_device(world)) if job else live_static(tags)
-    evidence = Evidence(config, series, tags, static)
+    return Evidence(config, series, tags, static), job
+
+
+def diagnose(uri: str, run_id: str | None, experiment: str) -> tuple[str, dict[str, Any]]:
+    """(run id, diagnosis document) of a recorded run (default: see `default_run`); the
+    document is also logged on it."""
+    run_id = run_id or default_run(uri, experiment)
+    evidence, job = read_evidence(uri, run_id)
+    config, tags = evidence.config, evidence.tags
     document = {"run_id": run_id, **triage(evidence).to_dict(), "static": evidence.static}
     document["why_unmeasured"] = why_unmeasured(tags, list(document["missing_evidence"]))
     if not job:
@@ -114,7 +121,7 @@ def diagnose(uri: str, run_id: str | None, experiment: str) -> tuple[str, dict[s
             "L0 checks of the optimizer and model as the probe read them at the first steps; "
             "none of the data, memory or loader: the run has no hyprun job config (a user's "
             "app, or a run recorded by the probe API in your own loop)"
-            if static
+            if evidence.static
             else "no L0 checks: the run has no hyprun job config (data.source, budget) and no "
             "probe read its optimizer"
         )

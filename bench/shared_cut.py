@@ -1,0 +1,164 @@
+"""What one cut shared by every row would detect, on recorded runs: `python -m bench.shared_cut
+--workdir DIR`.
+
+Issue 27 asks that each feature be scored against the healthy reference and that all rows cut
+at one place, instead of each row at a threshold of its own (`python -m bench.margins`: 0.025x
+to 4430x past the healthy extreme). This measures that before anything in diag/ changes. The
+common scale is the healthy z-score: Z healthy standard deviations past the healthy mean on the
+cut's side (diag/tables/healthy_reference.yaml), in log space where every healthy value is
+positive, since ratios and norms spread over decades. For each Z, every ordering cut of a Q1/Q2
+row on a feature the reference measures moves there, in a copy of the tables; every recorded
+run in DIR (a `python -m bench.diagnosis.split --set healthy tuning --workdir DIR` run) is
+triaged with that copy, and the planted faults' top-1 and top-3 (harmful ones; `--sets`) and
+the healthy runs with no finding are printed beside the tables as they are. A cut on a feature
+with fewer than MIN_RUNS healthy values, or none spread (every healthy value equal), keeps its
+own threshold.
+
+In-sample on both sides: the reference is built from these healthy runs, and a Z picked here is
+picked on the tuning set; only a held-out draw frozen after the change can score it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from bench.diagnosis.split import harmful, load_split, name_of, rank_of, reference_of
+from hyprun.diag.evidence import Evidence
+from hyprun.diag.reference import Reference, load_reference
+from hyprun.diag.triage import ORDERING, TABLES_DIR, triage
+
+MIN_RUNS = 8
+"""Fewer healthy values than this give no spread to score against."""
+ABOVE = (">", ">=")
+
+
+def shared_threshold(values: list[float], op: str, z: float) -> float | None:
+    """The value Z healthy standard deviations past the healthy mean on the side `op` cuts
+    (above for > and >=), in log space when every healthy value is positive; None when the
+    healthy values cannot be scored against (too few, or no spread)."""
+    if len(values) < MIN_RUNS:
+        return None
+    logged = all(value > 0 for value in values)
+    scale = np.log(values) if logged else np.asarray(values, dtype=float)
+    spread = float(np.std(scale, ddof=1))
+    if spread == 0 or not math.isfinite(spread):
+        return None
+    side = 1 if op in ABOVE else -1
+    cut = float(np.mean(scale)) + side * z * spread
+    return float(f"{math.exp(cut) if logged else cut:.4g}")
+
+
+def move_cuts(rows: list[dict[str, Any]], reference: Reference, z: float) -> dict[str, int]:
+    """Move every ordering cut of the Q1/Q2 rows (`when` and each `when_any` group) to the
+    shared threshold, in place; counts of the cuts moved and of those kept."""
+    counts = {"moved": 0, "kept": 0}
+    for row in rows:
+        if row.get("question") not in ("Q1", "Q2"):
+            continue
+        groups = [row.get("when", []), *row.get("when_any", [])]
+        for condition in (c for group in groups for c in group):
+            values = reference.values(condition["feature"])
+            if condition.get("field", "value") != "value" or condition["op"] not in ORDERING:
+                continue
+            if not values:
+                continue
+            threshold = shared_threshold(values, condition["op"], z)
+            if threshold is None:
+                counts["kept"] += 1
+                continue
+            condition["threshold"] = threshold
+            counts["moved"] += 1
+    return counts
+
+
+def write_tables(folder: Path, z: float | None, reference: Reference) -> dict[str, int]:
+    """diag/tables copied into `folder`, with the cuts moved to Z (None: as they are)."""
+    counts = {"moved": 0, "kept": 0}
+    for path in sorted(TABLES_DIR.glob("*.yaml")):
+        data = yaml.safe_load(path.read_text())
+        if z is None or not isinstance(data, dict) or "patterns" not in data:
+            shutil.copy(path, folder / path.name)
+            continue
+        for key, value in move_cuts(list(data["patterns"]), reference, z).items():
+            counts[key] += value
+        (folder / path.name).write_text(yaml.safe_dump(data, sort_keys=False))
+    return counts
+
+
+def load_runs(workdir: Path) -> tuple[dict[str, dict], dict[str, Evidence]]:
+    """The recorded results of DIR/split.json and each run's evidence, read once."""
+    from hyprun.runner.control.diagnose import read_evidence
+
+    results: dict[str, dict] = json.loads((workdir / "split.json").read_text())
+    uri = f"sqlite:///{workdir}/mlflow.db"
+    evidence = {
+        name: read_evidence(uri, result["run_id"])[0]
+        for name, result in results.items()
+        if result.get("run_id")
+    }
+    return results, evidence
+
+
+def score(
+    results: dict[str, dict], evidence: dict[str, Evidence], tables: Path, sets: list[str]
+) -> dict[str, dict[str, int]]:
+    """Planted faults of `sets` named first and in the top 3 (harmful ones), and healthy runs
+    with no finding, with every run triaged by the tables in `tables`."""
+    findings = {
+        name: [f.to_dict() for f in triage(run, tables).findings] for name, run in evidence.items()
+    }
+    split = load_split()
+    faults = {"top1": 0, "top3": 0, "of": 0}
+    for item in (item for name in sets for item in split[name]):
+        result = results.get(name_of(item))
+        if not result or name_of(item) not in findings:
+            continue
+        healthy = reference_of(item, split["healthy"])
+        if not harmful(result, results.get(name_of(healthy)) if healthy else None):
+            continue
+        rank = rank_of({**result, "findings": findings[name_of(item)]})
+        faults["of"] += 1
+        faults["top1"] += rank == 1
+        faults["top3"] += rank is not None and rank <= 3
+    quiet = [not findings[name_of(item)] for item in split["healthy"] if name_of(item) in findings]
+    return {"faults": faults, "healthy": {"quiet": sum(quiet), "of": len(quiet)}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--workdir", type=Path, required=True, help="a split run's workdir")
+    parser.add_argument("--z", type=float, nargs="+", default=[1.5, 2.0, 2.5, 3.0, 4.0])
+    parser.add_argument(
+        "--sets", nargs="+", default=["tuning"], help="fault sets to score (a spent draw: heldout)"
+    )
+    args = parser.parse_args(argv)
+    reference = load_reference()
+    results, evidence = load_runs(args.workdir)
+    print(f"| cuts | moved / kept | {'+'.join(args.sets)}: top-1 | top-3 | healthy quiet |")
+    print("| --- | --- | --- | --- | --- |")
+    for z in [None, *args.z]:
+        with tempfile.TemporaryDirectory() as folder:
+            counts = write_tables(Path(folder), z, reference)
+            found = score(results, evidence, Path(folder), args.sets)
+        faults, healthy = found["faults"], found["healthy"]
+        label = "each row's own" if z is None else f"shared, z = {z:g}"
+        print(
+            f"| {label} | {counts['moved']} / {counts['kept']} | {faults['top1']} of "
+            f"{faults['of']} | {faults['top3']} of {faults['of']} | {healthy['quiet']} of "
+            f"{healthy['of']} |",
+            flush=True,
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
