@@ -110,27 +110,48 @@ def load_runs(workdir: Path) -> tuple[dict[str, dict], dict[str, Evidence]]:
 
 def score(
     results: dict[str, dict], evidence: dict[str, Evidence], tables: Path, sets: list[str]
-) -> dict[str, dict[str, int]]:
-    """Planted faults of `sets` named first and in the top 3 (harmful ones), and healthy runs
-    with no finding, with every run triaged by the tables in `tables`."""
+) -> dict[str, dict]:
+    """With every run triaged by the tables in `tables`: the planted faults of `sets` named
+    first and in the top 3 (harmful ones) and the healthy runs with no finding, and per run the
+    fault's rank (`ranks`) or the healthy run's findings (`alarms`)."""
     findings = {
         name: [f.to_dict() for f in triage(run, tables).findings] for name, run in evidence.items()
     }
     split = load_split()
-    faults = {"top1": 0, "top3": 0, "of": 0}
+    ranks: dict[str, int | None] = {}
     for item in (item for name in sets for item in split[name]):
         result = results.get(name_of(item))
         if not result or name_of(item) not in findings:
             continue
         healthy = reference_of(item, split["healthy"])
-        if not harmful(result, results.get(name_of(healthy)) if healthy else None):
-            continue
-        rank = rank_of({**result, "findings": findings[name_of(item)]})
-        faults["of"] += 1
-        faults["top1"] += rank == 1
-        faults["top3"] += rank is not None and rank <= 3
-    quiet = [not findings[name_of(item)] for item in split["healthy"] if name_of(item) in findings]
-    return {"faults": faults, "healthy": {"quiet": sum(quiet), "of": len(quiet)}}
+        if harmful(result, results.get(name_of(healthy)) if healthy else None):
+            ranks[name_of(item)] = rank_of({**result, "findings": findings[name_of(item)]})
+    alarms = {
+        name_of(item): [f["id"] for f in findings[name_of(item)]]
+        for item in split["healthy"]
+        if name_of(item) in findings
+    }
+    return {
+        "faults": {
+            "top1": sum(rank == 1 for rank in ranks.values()),
+            "top3": sum(rank is not None and rank <= 3 for rank in ranks.values()),
+            "of": len(ranks),
+        },
+        "healthy": {"quiet": sum(not ids for ids in alarms.values()), "of": len(alarms)},
+        "ranks": ranks,
+        "alarms": alarms,
+    }
+
+
+def changes(own: dict[str, dict], shared: dict[str, dict]) -> list[str]:
+    """What the shared cut changes against the rows' own: faults whose rank moved, and
+    healthy runs with a finding."""
+    moved = [
+        f"  {name}: rank {own['ranks'][name]} -> {rank}"
+        for name, rank in shared["ranks"].items()
+        if rank != own["ranks"].get(name)
+    ]
+    return moved + [f"  {name} (healthy): {ids}" for name, ids in shared["alarms"].items() if ids]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -140,15 +161,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--sets", nargs="+", default=["tuning"], help="fault sets to score (a spent draw: heldout)"
     )
+    parser.add_argument("--detail", action="store_true", help="list what each Z changes")
     args = parser.parse_args(argv)
     reference = load_reference()
     results, evidence = load_runs(args.workdir)
     print(f"| cuts | moved / kept | {'+'.join(args.sets)}: top-1 | top-3 | healthy quiet |")
     print("| --- | --- | --- | --- | --- |")
+    own, details = None, []
     for z in [None, *args.z]:
         with tempfile.TemporaryDirectory() as folder:
             counts = write_tables(Path(folder), z, reference)
             found = score(results, evidence, Path(folder), args.sets)
+        own = own or found
+        details += [f"z = {z:g}:", *changes(own, found)] if z is not None else []
         faults, healthy = found["faults"], found["healthy"]
         label = "each row's own" if z is None else f"shared, z = {z:g}"
         print(
@@ -157,6 +182,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{healthy['of']} |",
             flush=True,
         )
+    if args.detail:
+        print("\n".join(["", *details]))
     return 0
 
 

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from bench.shared_cut import move_cuts, shared_threshold, write_tables
+from bench.shared_cut import changes, move_cuts, shared_threshold, write_tables
 from hyprun.diag.reference import Reference, load_reference
 from hyprun.diag.triage import load_tables
 
@@ -64,3 +64,9 @@ def test_the_moved_tables_load_and_as_they_are_they_are_the_tables(tmp_path):
     assert counts["moved"] > 30  # bench.margins lists 43 ordering cuts on reference features
     moved = {row.id: row for row in load_tables(tmp_path / "shared")}
     assert moved["vanishing_gradients"].when[0].threshold != 1.0e-4
+
+
+def test_changes_name_the_faults_that_moved_and_the_healthy_runs_that_fire():
+    own = {"ranks": {"a": 1, "b": 2, "c": None}, "alarms": {"h1": [], "h2": []}}
+    shared = {"ranks": {"a": 1, "b": 1, "c": None}, "alarms": {"h1": ["loss_flat"], "h2": []}}
+    assert changes(own, shared) == ["  b: rank 2 -> 1", "  h1 (healthy): ['loss_flat']"]
