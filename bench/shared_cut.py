@@ -1,5 +1,6 @@
-"""What one cut shared by every row would detect, on recorded runs: `python -m bench.shared_cut
---workdir DIR`.
+"""What one cut shared by every row would detect, on recorded runs:
+
+    python -m bench.shared_cut --workdir DIR [--apps DIR] [--z Z ...] [--detail]
 
 Issue 27 asks that each feature be scored against the healthy reference and that all rows cut
 at one place, instead of each row at a threshold of its own (`python -m bench.margins`: 0.025x
@@ -9,8 +10,9 @@ cut's side (diag/tables/healthy_reference.yaml), in log space where every health
 positive, since ratios and norms spread over decades. For each Z, every ordering cut of a Q1/Q2
 row on a feature the reference measures moves there, in a copy of the tables; every recorded
 run in DIR (a `python -m bench.diagnosis.split --set healthy tuning --workdir DIR` run) is
-triaged with that copy, and the planted faults' top-1 and top-3 (harmful ones; `--sets`) and
-the healthy runs with no finding are printed beside the tables as they are. A cut on a feature
+triaged with that copy, and so are the apps' tuning runs (`--apps`: a `python -m bench.apps
+--set tuning` workdir). The planted faults' top-1 and top-3 (harmful ones; `--sets`) and the
+healthy runs with no finding are printed beside the tables as they are. A cut on a feature
 with fewer than MIN_RUNS healthy values, or none spread (every healthy value equal), keeps its
 own threshold.
 
@@ -25,20 +27,22 @@ import json
 import math
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import yaml
 
-from bench.diagnosis.split import harmful, load_split, name_of, rank_of, reference_of
+from bench.diagnosis.split import HARM, harmful, load_split, name_of, reference_of
 from hyprun.diag.evidence import Evidence
 from hyprun.diag.reference import Reference, load_reference
-from hyprun.diag.triage import ORDERING, TABLES_DIR, triage
+from hyprun.diag.triage import ORDERING, TABLES_DIR, cause_rank, triage
 
 MIN_RUNS = 8
 """Fewer healthy values than this give no spread to score against."""
 ABOVE = (">", ">=")
+APPS_RESULTS = Path(__file__).parent / "apps" / "results"
 
 
 def shared_threshold(values: list[float], op: str, z: float) -> float | None:
@@ -94,43 +98,77 @@ def write_tables(folder: Path, z: float | None, reference: Reference) -> dict[st
     return counts
 
 
-def load_runs(workdir: Path) -> tuple[dict[str, dict], dict[str, Evidence]]:
-    """The recorded results of DIR/split.json and each run's evidence, read once."""
+@dataclass
+class Case:
+    """A recorded run to triage again: a planted fault (its cause rows) or a healthy run."""
+
+    evidence: Evidence
+    cause: tuple[str, ...] = ()
+    """The rows that name the planted cause; empty for a healthy run."""
+    harmful: bool = True
+    """Whether the fault did harm at the benchmark's budget (only harmful faults are scored)."""
+
+
+def gpt_cases(workdir: Path, sets: list[str]) -> dict[str, Case]:
+    """The planted faults of `sets` and the healthy runs recorded in a split run's workdir."""
     from hyprun.runner.control.diagnose import read_evidence
 
     results: dict[str, dict] = json.loads((workdir / "split.json").read_text())
     uri = f"sqlite:///{workdir}/mlflow.db"
-    evidence = {
-        name: read_evidence(uri, result["run_id"])[0]
-        for name, result in results.items()
-        if result.get("run_id")
-    }
-    return results, evidence
-
-
-def score(
-    results: dict[str, dict], evidence: dict[str, Evidence], tables: Path, sets: list[str]
-) -> dict[str, dict]:
-    """With every run triaged by the tables in `tables`: the planted faults of `sets` named
-    first and in the top 3 (harmful ones) and the healthy runs with no finding, and per run the
-    fault's rank (`ranks`) or the healthy run's findings (`alarms`)."""
-    findings = {
-        name: [f.to_dict() for f in triage(run, tables).findings] for name, run in evidence.items()
-    }
     split = load_split()
-    ranks: dict[str, int | None] = {}
-    for item in (item for name in sets for item in split[name]):
-        result = results.get(name_of(item))
-        if not result or name_of(item) not in findings:
+    cases = {}
+    for item in (item for name in ["healthy", *sets] for item in split[name]):
+        result = results.get(name_of(item), {})
+        if not result.get("run_id"):
+            continue
+        evidence = read_evidence(uri, result["run_id"])[0]
+        if "family" not in item:
+            cases[name_of(item)] = Case(evidence)
             continue
         healthy = reference_of(item, split["healthy"])
-        if harmful(result, results.get(name_of(healthy)) if healthy else None):
-            ranks[name_of(item)] = rank_of({**result, "findings": findings[name_of(item)]})
-    alarms = {
-        name_of(item): [f["id"] for f in findings[name_of(item)]]
-        for item in split["healthy"]
-        if name_of(item) in findings
-    }
+        hurt = harmful(result, results.get(name_of(healthy)) if healthy else None)
+        cases[name_of(item)] = Case(evidence, tuple(result["cause"]), hurt)
+    return cases
+
+
+def app_cases(workdir: Path) -> dict[str, Case]:
+    """The apps' tuning set recorded in a `python -m bench.apps --set tuning` workdir: seed 0
+    of each baseline, as the benchmark diagnoses it; harm from results/harm_tuning.json."""
+    from bench.apps.run import EXPERIMENT, entry_folder, investigation_name
+    from bench.apps.schema import load_table
+    from bench.apps.split import load_split as load_apps_split
+    from hyprun.runner.control.diagnose import read_evidence
+    from hyprun.runner.store.investigation import Store
+
+    table = load_table()
+    harm = json.loads((APPS_RESULTS / "harm_tuning.json").read_text())
+    change = {row["id"]: row["change"] for row in harm["rows"]}
+    cases = {}
+    for entry in load_apps_split()["tuning"]:
+        folder = entry_folder(workdir, entry.id, entry.seed)
+        store = Store(f"sqlite:///{folder}/mlflow.db", EXPERIMENT)
+        state = store.find(investigation_name(entry.id))
+        evidence = read_evidence(store.uri, state.baseline["seed_runs"][0])[0]
+        if entry.kind == "healthy":
+            cases[f"apps/{entry.id}"] = Case(evidence)
+            continue
+        cause = tuple(table.families[entry.family].cause)
+        cases[f"apps/{entry.id}"] = Case(evidence, cause, change.get(entry.id, 1.0) > HARM)
+    return cases
+
+
+def score(cases: dict[str, Case], tables: Path) -> dict[str, dict]:
+    """With every case triaged by the tables in `tables`: the harmful faults named first and
+    in the top 3 and the healthy runs with no finding, and per run the fault's rank (`ranks`)
+    or the healthy run's findings (`alarms`)."""
+    ranks: dict[str, int | None] = {}
+    alarms: dict[str, list[str]] = {}
+    for name, case in cases.items():
+        findings = [f.to_dict() for f in triage(case.evidence, tables).findings]
+        if not case.cause:
+            alarms[name] = [f["id"] for f in findings]
+        elif case.harmful:
+            ranks[name] = cause_rank(findings, case.cause)
     return {
         "faults": {
             "top1": sum(rank == 1 for rank in ranks.values()),
@@ -157,6 +195,7 @@ def changes(own: dict[str, dict], shared: dict[str, dict]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--workdir", type=Path, required=True, help="a split run's workdir")
+    parser.add_argument("--apps", type=Path, help="an apps tuning run's workdir, scored too")
     parser.add_argument("--z", type=float, nargs="+", default=[1.5, 2.0, 2.5, 3.0, 4.0])
     parser.add_argument(
         "--sets", nargs="+", default=["tuning"], help="fault sets to score (a spent draw: heldout)"
@@ -164,14 +203,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--detail", action="store_true", help="list what each Z changes")
     args = parser.parse_args(argv)
     reference = load_reference()
-    results, evidence = load_runs(args.workdir)
-    print(f"| cuts | moved / kept | {'+'.join(args.sets)}: top-1 | top-3 | healthy quiet |")
+    cases = gpt_cases(args.workdir, args.sets) | (app_cases(args.apps) if args.apps else {})
+    print("| cuts | moved / kept | harmful faults first | in the top 3 | healthy quiet |")
     print("| --- | --- | --- | --- | --- |")
     own, details = None, []
     for z in [None, *args.z]:
         with tempfile.TemporaryDirectory() as folder:
             counts = write_tables(Path(folder), z, reference)
-            found = score(results, evidence, Path(folder), args.sets)
+            found = score(cases, Path(folder))
         own = own or found
         details += [f"z = {z:g}:", *changes(own, found)] if z is not None else []
         faults, healthy = found["faults"], found["healthy"]

@@ -36,7 +36,7 @@ from bench.diagnosis.split import (
     reference_of,
     run_sets,
 )
-from bench.shared_cut import load_runs, score, write_tables
+from bench.shared_cut import gpt_cases, score, write_tables
 from hyprun.diag.reference import load_reference
 from hyprun.hypotheses.schema import load_cards
 from hyprun.runner.compose import compose
@@ -174,10 +174,11 @@ def test_one_fault_and_its_healthy_reference_end_to_end(tmp_path, monkeypatch):
     assert rank_of(results[fault]) == 1
     assert name_of(SPLIT["tuning"][5]) == fault
     # bench.shared_cut re-triages the recorded runs; with the tables as they are, as recorded
-    _, evidence = load_runs(tmp_path)
+    cases = gpt_cases(tmp_path, ["tuning"])
+    assert cases[fault].cause == tuple(results[fault]["cause"]) and not cases["tiny2_adamw"].cause
     (tmp_path / "own").mkdir()
     write_tables(tmp_path / "own", None, load_reference())
-    found = score(results, evidence, tmp_path / "own", ["tuning"])
+    found = score(cases, tmp_path / "own")
     scored = int(harmful(results[fault], results["tiny2_adamw"]))
     assert found["faults"] == {"top1": scored, "top3": scored, "of": scored}
     assert found["healthy"] == {"quiet": 1, "of": 1}
