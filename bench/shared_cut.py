@@ -61,12 +61,15 @@ def shared_threshold(values: list[float], op: str, z: float) -> float | None:
     return float(f"{math.exp(cut) if logged else cut:.4g}")
 
 
-def move_cuts(rows: list[dict[str, Any]], reference: Reference, z: float) -> dict[str, int]:
-    """Move every ordering cut of the Q1/Q2 rows (`when` and each `when_any` group) to the
-    shared threshold, in place; counts of the cuts moved and of those kept."""
+def move_cuts(
+    rows: list[dict[str, Any]], reference: Reference, z: float, only: set[str] | None = None
+) -> dict[str, int]:
+    """Move every ordering cut of the Q1/Q2 rows (`when` and each `when_any` group; of the rows
+    in `only` when given) to the shared threshold, in place; counts of the cuts moved and of
+    those kept."""
     counts = {"moved": 0, "kept": 0}
     for row in rows:
-        if row.get("question") not in ("Q1", "Q2"):
+        if row.get("question") not in ("Q1", "Q2") or (only and row["id"] not in only):
             continue
         groups = [row.get("when", []), *row.get("when_any", [])]
         for condition in (c for group in groups for c in group):
@@ -84,15 +87,18 @@ def move_cuts(rows: list[dict[str, Any]], reference: Reference, z: float) -> dic
     return counts
 
 
-def write_tables(folder: Path, z: float | None, reference: Reference) -> dict[str, int]:
-    """diag/tables copied into `folder`, with the cuts moved to Z (None: as they are)."""
+def write_tables(
+    folder: Path, z: float | None, reference: Reference, only: set[str] | None = None
+) -> dict[str, int]:
+    """diag/tables copied into `folder`, with the cuts (of the rows in `only`, when given)
+    moved to Z (None: as they are)."""
     counts = {"moved": 0, "kept": 0}
     for path in sorted(TABLES_DIR.glob("*.yaml")):
         data = yaml.safe_load(path.read_text())
         if z is None or not isinstance(data, dict) or "patterns" not in data:
             shutil.copy(path, folder / path.name)
             continue
-        for key, value in move_cuts(list(data["patterns"]), reference, z).items():
+        for key, value in move_cuts(list(data["patterns"]), reference, z, only).items():
             counts[key] += value
         (folder / path.name).write_text(yaml.safe_dump(data, sort_keys=False))
     return counts
@@ -201,6 +207,7 @@ def main(argv: list[str] | None = None) -> int:
         "--sets", nargs="+", default=["tuning"], help="fault sets to score (a spent draw: heldout)"
     )
     parser.add_argument("--detail", action="store_true", help="list what each Z changes")
+    parser.add_argument("--rows", nargs="+", help="move only these rows' cuts (one rule's change)")
     args = parser.parse_args(argv)
     reference = load_reference()
     cases = gpt_cases(args.workdir, args.sets) | (app_cases(args.apps) if args.apps else {})
@@ -209,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     own, details = None, []
     for z in [None, *args.z]:
         with tempfile.TemporaryDirectory() as folder:
-            counts = write_tables(Path(folder), z, reference)
+            counts = write_tables(Path(folder), z, reference, set(args.rows or ()))
             found = score(cases, Path(folder))
         own = own or found
         details += [f"z = {z:g}:", *changes(own, found)] if z is not None else []

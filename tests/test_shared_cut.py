@@ -52,6 +52,20 @@ def test_only_ordering_cuts_of_training_rows_on_reference_features_move():
     assert rows[1]["when"][0]["threshold"] == 9.0  # an efficiency row measures the machine
 
 
+def test_one_rule_at_a_time_moves_only_the_rows_named():
+    reference = Reference(runs={f"run {i}": {"grad_norm_median": v} for i, v in enumerate(SPREAD)})
+    rows = [
+        {
+            "id": id_,
+            "question": "Q1",
+            "when": [{"feature": "grad_norm_median", "op": ">", "threshold": 9.0}],
+        }
+        for id_ in ("a", "b")
+    ]
+    assert move_cuts(rows, reference, 2.0, only={"b"}) == {"moved": 1, "kept": 0}
+    assert [row["when"][0]["threshold"] == 9.0 for row in rows] == [True, False]
+
+
 def test_the_moved_tables_load_and_as_they_are_they_are_the_tables(tmp_path):
     (tmp_path / "own").mkdir()
     (tmp_path / "shared").mkdir()
