@@ -35,13 +35,13 @@ import numpy as np
 import yaml
 
 from bench.diagnosis.split import HARM, harmful, load_split, name_of, reference_of
+from bench.margins import ABOVE
 from hyprun.diag.evidence import Evidence
 from hyprun.diag.reference import Reference, load_reference
 from hyprun.diag.triage import ORDERING, TABLES_DIR, cause_rank, triage
 
 MIN_RUNS = 8
 """Fewer healthy values than this give no spread to score against."""
-ABOVE = (">", ">=")
 APPS_RESULTS = Path(__file__).parent / "apps" / "results"
 
 
@@ -73,9 +73,9 @@ def move_cuts(
             continue
         groups = [row.get("when", []), *row.get("when_any", [])]
         for condition in (c for group in groups for c in group):
-            values = reference.values(condition["feature"])
             if condition.get("field", "value") != "value" or condition["op"] not in ORDERING:
                 continue
+            values = reference.values(condition["feature"])
             if not values:
                 continue
             threshold = shared_threshold(values, condition["op"], z)
@@ -98,7 +98,7 @@ def write_tables(
         if z is None or not isinstance(data, dict) or "patterns" not in data:
             shutil.copy(path, folder / path.name)
             continue
-        for key, value in move_cuts(list(data["patterns"]), reference, z, only).items():
+        for key, value in move_cuts(data["patterns"], reference, z, only).items():
             counts[key] += value
         (folder / path.name).write_text(yaml.safe_dump(data, sort_keys=False))
     return counts
