@@ -26,6 +26,7 @@ import argparse
 import json
 import math
 import shutil
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,7 +39,7 @@ from bench.diagnosis.split import HARM, harmful, load_split, name_of, reference_
 from bench.margins import ABOVE
 from hyprun.diag.evidence import Evidence
 from hyprun.diag.reference import Reference, load_reference
-from hyprun.diag.triage import ORDERING, TABLES_DIR, cause_rank, triage
+from hyprun.diag.triage import ORDERING, TABLES_DIR, cause_rank, load_tables, triage
 
 MIN_RUNS = 8
 """Fewer healthy values than this give no spread to score against."""
@@ -198,6 +199,20 @@ def changes(own: dict[str, dict], shared: dict[str, dict]) -> list[str]:
     return moved + [f"  {name} (healthy): {ids}" for name, ids in shared["alarms"].items() if ids]
 
 
+def refusal(workdir: Path, apps: Path | None, rows: list[str] | None) -> str | None:
+    """One line naming what is wrong with the arguments, before anything is read; or None."""
+    if not (workdir / "split.json").exists():
+        return (
+            f"--workdir {workdir} holds no split.json: name a bench.diagnosis.split run's workdir"
+        )
+    if apps is not None and not (apps / "mlflow.db").exists() and not any(apps.glob("*/mlflow.db")):
+        return f"--apps {apps} holds no recorded app runs: name a bench.apps --set tuning workdir"
+    unknown = sorted(set(rows or ()) - {row.id for row in load_tables()})
+    if unknown:
+        return f"--rows names no table row {unknown}: use row ids from diag/tables/*.yaml"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--workdir", type=Path, required=True, help="a split run's workdir")
@@ -209,6 +224,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--detail", action="store_true", help="list what each Z changes")
     parser.add_argument("--rows", nargs="+", help="move only these rows' cuts (one rule's change)")
     args = parser.parse_args(argv)
+    if why := refusal(args.workdir, args.apps, args.rows):
+        print(why, file=sys.stderr)
+        return 2
     reference = load_reference()
     cases = gpt_cases(args.workdir, args.sets) | (app_cases(args.apps) if args.apps else {})
     print("| cuts | moved / kept | harmful faults first | in the top 3 | healthy quiet |")

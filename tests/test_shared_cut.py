@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from bench.shared_cut import changes, move_cuts, shared_threshold, write_tables
+from bench.shared_cut import changes, main, move_cuts, shared_threshold, write_tables
 from hyprun.diag.reference import Reference, load_reference
 from hyprun.diag.triage import load_tables
 
@@ -84,3 +84,22 @@ def test_changes_name_the_faults_that_moved_and_the_healthy_runs_that_fire():
     own = {"ranks": {"a": 1, "b": 2, "c": None}, "alarms": {"h1": [], "h2": []}}
     shared = {"ranks": {"a": 1, "b": 1, "c": None}, "alarms": {"h1": ["loss_flat"], "h2": []}}
     assert changes(own, shared) == ["  b: rank 2 -> 1", "  h1 (healthy): ['loss_flat']"]
+
+
+@pytest.mark.parametrize(
+    "args, named",
+    [
+        ([], "holds no split.json"),
+        (["--apps", "APPS"], "holds no recorded app runs"),
+        (["--rows", "attention_colapse"], "names no table row ['attention_colapse']"),
+    ],
+)
+def test_bad_arguments_are_refused_in_one_line(tmp_path, capsys, args, named):
+    workdir = tmp_path / "split"
+    workdir.mkdir()
+    if args:  # the later cases get past the workdir check
+        (workdir / "split.json").write_text("{}")
+    args = [str(tmp_path / "apps") if arg == "APPS" else arg for arg in args]
+    assert main(["--workdir", str(workdir), *args]) == 2
+    said = capsys.readouterr().err.strip().splitlines()
+    assert len(said) == 1 and named in said[0]
