@@ -193,17 +193,19 @@ def drop_reversing_cards(findings: list[dict[str, Any]]) -> None:
             causes += [(finding["id"], card) for card in mine]
             continue
         for card in mine:
-            undone = [(cause, theirs) for cause, theirs in causes if reversed_key(card, theirs)]
-            if not undone:
+            undone = (
+                (c, theirs, key) for c, theirs in causes if (key := reversed_key(card, theirs))
+            )
+            if (first := next(undone, None)) is None:
                 continue
-            cause, theirs = undone[0]
+            cause, theirs, key = first
             finding["cards"].remove(card.id)
             finding.get("deltas", {}).pop(card.id, None)
             finding.setdefault("cards_not_suggested", []).append(
                 {
                     "card": card.id,
-                    "reason": f"moves {reversed_key(card, theirs)} the other way from "
-                    f"{theirs.id}, the card of {cause} (a cause ranked above this symptom)",
+                    "reason": f"moves {key} the other way from {theirs.id}, the card of {cause} "
+                    "(a cause ranked above this symptom)",
                 }
             )
 
