@@ -14,18 +14,19 @@ from bench.corpus import split as split_module
 from bench.corpus.__main__ import main as harness
 from bench.corpus.cards import applicable
 from bench.corpus.compose import app_config, final_eval_loss
-from bench.corpus.schema import CORPUS, Row, load_corpus
+from bench.corpus.schema import CORPUS, LATER, Row, all_rows, load_corpus, load_later
 from bench.corpus.split import SPLIT, draw, load_split, sha256
 from bench.frozen import ROOT
 
 ROWS = load_corpus().rows
+EVERY_ROW = all_rows()
 TINY = ["train.steps=8", "train.eval_every=4", "data.n_train=64", "model.d_model=16"]
 """A run of a few seconds' fraction: 4 optimizer steps per epoch, so per-epoch switches act."""
 
 
 def test_at_least_fifteen_rows_each_with_a_public_source():
     assert len(ROWS) >= 15
-    for row in ROWS:
+    for row in EVERY_ROW:
         assert row.sources and all(url.startswith("https://") for url in row.sources), row.id
         assert row.saw.strip() and row.root_cause.strip() and row.cause, row.id
 
@@ -37,7 +38,7 @@ def test_a_switch_must_be_one_bug_key():
             Row(**{**fields, "switch": bad})
 
 
-@pytest.mark.parametrize("row", ROWS, ids=[row.id for row in ROWS])
+@pytest.mark.parametrize("row", EVERY_ROW, ids=[row.id for row in EVERY_ROW])
 def test_each_switch_is_off_in_the_twin_and_changes_training(row):
     twin = app_config(row.form, row.twin_overrides)
     assert OmegaConf.select(twin, row.switch) is False  # all off: the clean twin
@@ -48,7 +49,7 @@ def test_each_switch_is_off_in_the_twin_and_changes_training(row):
 
 
 def test_fix_cards_are_cards_that_apply_to_the_fault():
-    for row in ROWS:
+    for row in EVERY_ROW:
         assert set(row.fix_cards) <= set(applicable(row.form, row.fault_overrides)), row.id
 
 
@@ -81,6 +82,24 @@ def test_a_later_score_takes_the_held_out_rows_on_a_new_data_seed(tmp_path, monk
     later = load_split(tmp_path / "3.yaml")
     assert later["heldout"] == load_split()["heldout"] and later["data_seed"] >= 2
     assert later["corpus_sha256"] == sha256(CORPUS) and later["why"] == "test"
+
+
+def test_rows_found_after_the_split_are_drawn_once_and_frozen_by_their_draw(
+    tmp_path, monkeypatch, capsys
+):
+    later = [row.id for row in load_later()]
+    for path in sorted(split_module.DRAWS.glob("*.yaml")):
+        drawn = load_split(path)
+        if "later_sha256" in drawn:  # later.yaml may grow only by a new draw's rows
+            assert drawn["later_sha256"] == sha256(LATER), f"later.yaml changed after {path.name}"
+            assert drawn["heldout"] == later
+    monkeypatch.setattr(split_module, "DRAWS", tmp_path)
+    if later:
+        assert split_module.main(["--later", "4"]) == 0
+        assert load_split(tmp_path / "4.yaml")["heldout"] == later
+    monkeypatch.setattr(split_module, "load_later", lambda: [])
+    assert split_module.main(["--later", "5"]) == 2
+    assert "later.yaml" in capsys.readouterr().err and not (tmp_path / "5.yaml").exists()
 
 
 def test_the_held_out_half_is_scored_once(tmp_path, capsys):

@@ -89,14 +89,18 @@ def main(argv: list[str] | None = None) -> int:
         change = statistics.fmean(fault) / statistics.fmean(twin) - 1
         rows.append({"id": entry.id, "fault": fault, "twin": twin, "change": change})
         print(f"{entry.id}: fault {fault} twin {twin} change {change:+.1%}", flush=True)
+    write_measured(RESULTS / f"harm_{name_of_set}.json", split, rows)
+    return 0
+
+
+def write_measured(out: Path, split: Path, rows: list[dict]) -> None:
+    """A measurement's rows with when and on which split (its SHA-256) they were taken."""
     meta = {
         "date": time.strftime("%Y-%m-%d %H:%M %Z"),
         "split": split.resolve().relative_to(ROOT).as_posix(),
         "split_sha256": sha256(split),
     }
-    out = RESULTS / f"harm_{name_of_set}.json"
     out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
-    return 0
 
 
 if __name__ == "__main__":

@@ -9,7 +9,8 @@ in fix_cards, or the code fix, confirms; every other card is a strike). Twins: n
 The held-out set is scored once: a second run is refused while its results exist, and so is
 one whose draw recorded another diag/ than today's, or none (bench/frozen.py). A later score
 of the held-out rows (`python -m bench.corpus.split --redraw SEED`: a data seed not scored
-before, diag/ as it stands) runs with `--draw draws/SEED.yaml` into results/heldout-SEED.*.
+before, diag/ as it stands) runs with `--draw draws/SEED.yaml` into results/heldout-SEED.*;
+so do the rows found after the split (later.yaml), drawn once with `--later SEED`.
 Writes results/SET.json and results/SET.md; MLflow files stay under --workdir.
 """
 
@@ -26,7 +27,7 @@ import numpy as np
 
 from bench.corpus.cards import applicable
 from bench.corpus.run import CODE_FIX, run_row
-from bench.corpus.schema import load_corpus
+from bench.corpus.schema import all_rows
 from bench.corpus.split import SETS, SPLIT, load_split, scored_meta, write_scores
 from bench.diagnosis.split import CLASSIC_LISTING, SHUFFLES, _strikes
 from bench.frozen import refusal, scored_draw
@@ -183,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     sha, dirty = git_state()
     worker_setup(1, sha)  # a helper's commit mid-run is not a change to the imported code
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="hyprun-corpus-")).resolve()
-    by_id = {row.id: row for row in load_corpus().rows}
+    by_id = {row.id: row for row in all_rows()}
     rows = [by_id[i] for i in drawn[args.set_name]]
     start = time.monotonic()
     results, twins, seen = {}, [], set()

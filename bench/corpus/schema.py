@@ -10,6 +10,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 CORPUS = Path(__file__).with_name("corpus.yaml")
+LATER = Path(__file__).with_name("later.yaml")
+"""Rows found after the split, in a file of their own so that the split's rows (corpus.yaml)
+stay byte for byte as split: all held out, scored once (`python -m bench.corpus.split --later`)."""
 FORMS = ("hf", "lightning", "loop", "ours")
 
 
@@ -84,6 +87,13 @@ class Row(BaseModel):
         return list(self.base)
 
 
+def unique_ids(rows: list[Row]) -> list[Row]:
+    ids = [row.id for row in rows]
+    if len(ids) != len(set(ids)):
+        raise ValueError("row ids repeat")
+    return rows
+
+
 class Corpus(BaseModel):
     model_config = ConfigDict(extra="forbid")
     rows: list[Row] = Field(min_length=15)
@@ -91,14 +101,33 @@ class Corpus(BaseModel):
     @field_validator("rows")
     @classmethod
     def _unique(cls, rows: list[Row]) -> list[Row]:
-        ids = [row.id for row in rows]
-        if len(ids) != len(set(ids)):
-            raise ValueError("row ids repeat")
-        return rows
+        return unique_ids(rows)
 
 
 def load_corpus(path: Path = CORPUS) -> Corpus:
     return Corpus.model_validate(yaml.safe_load(Path(path).read_text()))
+
+
+class Later(Corpus):
+    """Rows found after the split (later.yaml): held out as a whole, none of them tuned on."""
+
+    rows: list[Row] = Field(min_length=1)
+
+
+def load_later(path: Path = LATER) -> list[Row]:
+    """The later rows; none when the file is not there. An id the split already holds is
+    refused: a row is scored in one set only."""
+    if not Path(path).exists():
+        return []
+    rows = Later.model_validate(yaml.safe_load(Path(path).read_text())).rows
+    if repeated := {row.id for row in rows} & {row.id for row in load_corpus().rows}:
+        raise ValueError(f"later.yaml repeats corpus rows {sorted(repeated)}")
+    return rows
+
+
+def all_rows() -> list[Row]:
+    """Every row: the split's, then the later ones."""
+    return [*load_corpus().rows, *load_later()]
 
 
 FORMS_TABLE = Path(__file__).with_name("forms.yaml")

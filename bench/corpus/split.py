@@ -5,6 +5,8 @@ split.yaml records the seed, the draw and a SHA-256 of corpus.yaml as it stood, 
 split cannot change unseen; every results file records split.yaml's own SHA-256, and
 tests/test_bench_corpus.py fails when split.yaml changes after results exist. The draw also
 records diag/ as it stood (bench/frozen.py): its held-out half is scored with that diag/ only.
+Rows found after the split live in later.yaml, all held out: `--later SEED` draws their one
+score, recording later.yaml's SHA-256 beside corpus.yaml's.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from bench.corpus.schema import CORPUS, load_corpus
+from bench.corpus.schema import CORPUS, LATER, load_corpus, load_later
 from bench.frozen import diag_sha256
 
 SPLIT = Path(__file__).with_name("split.yaml")
@@ -77,26 +79,34 @@ def load_split(path: Path = SPLIT) -> dict:
     return yaml.safe_load(Path(path).read_text())
 
 
-def write_redraw(seed: int, why: str) -> int:
-    """A later score of the held-out rows: a data seed no earlier draw took, diag/ as it is."""
+def write_redraw(seed: int, why: str, later: bool = False) -> int:
+    """A later score of the held-out rows, or (`later`) the first and only score of the rows
+    found after the split (later.yaml, all held out): a data seed no earlier draw took, diag/
+    as it is."""
     path = DRAWS / f"{seed}.yaml"
     if path.exists():
         print(f"{path} exists: a draw is made once", file=sys.stderr)
         return 2
+    rows = [row.id for row in load_later()] if later else load_split()["heldout"]
+    if not rows:
+        print(f"no rows in {LATER.name}: add the rows found after the split first", file=sys.stderr)
+        return 2
     taken = {load_split(p).get("data_seed") for p in DRAWS.glob("*.yaml")}
     free = [s for s in range(*DATA_SEEDS) if s not in taken]
+    flag, what = ("--later", "rows found after the split") if later else ("--redraw", "rows")
     header = (
-        f"# A later score of the held-out rows: `python -m bench.corpus.split --redraw {seed}`,\n"
+        f"# A later score of the held-out {what}: `python -m bench.corpus.split {flag} {seed}`,\n"
         "# committed before it was scored (python -m bench.corpus --set heldout --draw FILE),\n"
         "# scored once with diag/ as recorded here (bench/frozen.py), on data.seed=data_seed.\n"
     )
     body = {
         "seed": seed,
         "corpus_sha256": sha256(CORPUS),
+        **({"later_sha256": sha256(LATER)} if later else {}),
         "diag_sha256": diag_sha256(),
         "data_seed": int(np.random.default_rng(seed).choice(free)),
         "why": why,
-        "heldout": load_split()["heldout"],
+        "heldout": rows,
     }
     DRAWS.mkdir(exist_ok=True)
     path.write_text(header + yaml.safe_dump(body, sort_keys=False, width=100))
@@ -109,10 +119,15 @@ def main(argv: list[str] | None = None) -> int:
     chosen = parser.add_mutually_exclusive_group(required=True)
     chosen.add_argument("--seed", type=int, help="draw the split (once)")
     chosen.add_argument("--redraw", type=int, metavar="SEED", help="a later held-out score")
+    chosen.add_argument(
+        "--later", type=int, metavar="SEED", help="the one score of the rows in later.yaml"
+    )
     parser.add_argument("--why", default="", help="what changed since the last score (--redraw)")
     args = parser.parse_args(argv)
     if args.redraw is not None:
         return write_redraw(args.redraw, args.why)
+    if args.later is not None:
+        return write_redraw(args.later, args.why, later=True)
     if SPLIT.exists():
         print(f"{SPLIT} exists: the split is drawn once; it is frozen", file=sys.stderr)
         return 2
