@@ -25,6 +25,10 @@ def token_loss(logits: torch.Tensor, x: torch.Tensor, y: torch.Tensor, bug) -> t
     if bug.double_softmax:  # probabilities into a loss that applies log-softmax itself
         logits = logits.softmax(-1)
     flat = logits.reshape(-1, logits.shape[-1])
+    if bug.log_softmax_wrong_dim:  # log_softmax over the batch, then NLL (pointnet.pytorch#27)
+        flat = logits.log_softmax(0).reshape(-1, logits.shape[-1])
+        total = F.nll_loss(flat, target.reshape(-1), ignore_index=IGNORE, reduction="sum")
+        return total, int((target != IGNORE).sum())
     total = F.cross_entropy(flat, target.reshape(-1), ignore_index=IGNORE, reduction="sum")
     return total, int((target != IGNORE).sum())
 

@@ -7,6 +7,8 @@ is the clean twin. The switches change only the lines their reports got wrong.
 
 from __future__ import annotations
 
+import math
+
 import hydra
 import mlflow
 import torch
@@ -17,12 +19,21 @@ from bench.corpus.apps.loop.loss import eval_loss, token_loss
 from bench.corpus.apps.loop.model import TinyLM
 from hyprun.runner.job.probe import Probe
 
+RESTART_GAMMA = 0.9
+"""The cosine schedule's peak decay per restart (the report's gamma)."""
+
 
 def build(cfg: DictConfig) -> tuple:
-    """The model, its optimizer and the per-epoch LR schedule, as each report built them."""
+    """The model, its optimizer and the LR schedule (StepLR per epoch, or a per-step cosine),
+    as each report built them."""
     torch.manual_seed(cfg.seed)
-    m = cfg.model
-    model = TinyLM(cfg.data.vocab, cfg.data.seq_len, m.n_layer, m.d_model, m.n_head, m.dropout)
+    m, bug = cfg.model, cfg.bug
+    model = TinyLM(
+        cfg.data.vocab, cfg.data.seq_len, m.n_layer, m.d_model, m.n_head, m.dropout, m.emb_dropout
+    )
+    model.causal = not bug.causal_mask_missing
+    model.dropout_ignores_eval = bug.dropout_ignores_eval
+    model.encoder_output_detached = bug.encoder_output_detached
     if cfg.bug.frozen_except_norm:  # PyTorch forum 84911: every weight but the norms frozen
         for name, parameter in model.named_parameters():
             parameter.requires_grad = "norm" in name or "ln_" in name
@@ -32,17 +43,54 @@ def build(cfg: DictConfig) -> tuple:
     optimizer = make_optimizer(cfg, model)
     if cfg.bug.head_not_in_optimizer:  # replaced after the optimizer took the parameters
         model.head = new_head
+    if cfg.optim.layer_decay != 1 and not bug.layer_decay_every_step:
+        for group in optimizer.param_groups:  # each layer's scale, applied once
+            group["lr"] *= group["lr_scale"]
+    if cfg.sched.name == "cosine":
+        return model, optimizer, cosine_schedule(cfg, optimizer)
     schedule = torch.optim.lr_scheduler.StepLR(optimizer, cfg.sched.every_epochs, cfg.sched.gamma)
     return model, optimizer, schedule
 
 
+def cosine_schedule(cfg: DictConfig, optimizer) -> torch.optim.lr_scheduler.LambdaLR:
+    """Cosine annealing with restarts (CosineAnnealingWarmupRestarts, no warmup), stepped once
+    per optimizer step: a cycle of `horizon` steps, the peak x RESTART_GAMMA at each restart.
+    The clean horizon is the run, one cycle."""
+    horizon = cfg.train.steps
+    if cfg.bug.schedule_horizon_in_epochs:  # ScrollPrize/villa PR 1495: max_steps=max_epoch
+        steps_per_epoch = cfg.data.n_train // (cfg.train.batch * cfg.train.accum)
+        horizon = math.ceil(cfg.train.steps / steps_per_epoch)
+
+    def factor(step: int) -> float:
+        cycle, within = divmod(step, horizon)
+        return RESTART_GAMMA**cycle * 0.5 * (1 + math.cos(math.pi * within / horizon))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
 def make_optimizer(cfg: DictConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
     o = cfg.optim
+    params = model.parameters() if o.layer_decay == 1 else layer_groups(model, o.layer_decay)
     if o.name == "sgd":
-        return torch.optim.SGD(
-            model.parameters(), lr=o.lr, momentum=o.momentum, weight_decay=o.weight_decay
-        )
-    return torch.optim.AdamW(model.parameters(), lr=o.lr, weight_decay=o.weight_decay)
+        return torch.optim.SGD(params, lr=o.lr, momentum=o.momentum, weight_decay=o.weight_decay)
+    return torch.optim.AdamW(params, lr=o.lr, weight_decay=o.weight_decay)
+
+
+def layer_groups(model: torch.nn.Module, decay: float) -> list[dict]:
+    """One parameter group per depth (embeddings 0, encoder layer i at i + 1, the final norm
+    and head on top), each with its layer-wise LR scale `lr_scale` = decay ** (depth below top)."""
+    top = len(model.encoder.layers) + 1
+    groups: dict[int, list] = {}
+    for name, parameter in model.named_parameters():
+        if name.startswith("encoder.layers."):
+            depth = int(name.split(".")[2]) + 1
+        else:
+            depth = 0 if "emb" in name else top
+        groups.setdefault(depth, []).append(parameter)
+    return [
+        {"params": params, "lr_scale": decay ** (top - depth)}
+        for depth, params in sorted(groups.items())
+    ]
 
 
 def micro_batches(cfg: DictConfig, data: dict):
@@ -115,13 +163,18 @@ def fit(cfg: DictConfig, log=None, probe: bool = True, attach=None, tracker=None
         loss = step_loss(model, [next(stream) for _ in range(t.accum)], bug, t.accum)
         if watch:
             watch.after_backward(loss)
+        if bug.grads_cleared_before_step:  # backward, zero_grad, step (Tony-Y/pytorch_warmup#12)
+            optimizer.zero_grad()
         if cfg.optim.clip and not bug.clip_after_step:
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.clip)
+        if bug.layer_decay_every_step:  # the layer scale applied at each step, not once
+            for group in optimizer.param_groups:  # (jaehyunnn/ViTPose_pytorch#20)
+                group["lr"] *= group.get("lr_scale", 1.0)
         optimizer.step()
         if cfg.optim.clip and bug.clip_after_step:  # clips gradients already applied
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.clip)
         epoch_end = step % steps_per_epoch == 0 and not bug.scheduler_never_stepped
-        if bug.scheduler_per_batch or epoch_end:
+        if bug.scheduler_per_batch or epoch_end or cfg.sched.name == "cosine":
             schedule.step()
         if step % t.eval_every == 0 or step == t.steps:
             if not bug.eval_without_eval_mode:
