@@ -69,6 +69,8 @@ class LiveFacts:
     """Trainable parameters in no optimizer group."""
     no_grad: list[str] = field(default_factory=list)
     """Trainable parameters whose `.grad` was None after the first backward."""
+    no_grad_share: float = 0.0
+    """Their share of the trainable parameters' elements: near 1, almost nothing learns."""
     tokens_per_step: int = 0
     """Tokens of one optimizer step over all processes."""
     width: int | None = None
@@ -146,7 +148,7 @@ def live_checks(facts: LiveFacts) -> list[Check]:
         _grad_clip(facts, config, sample, rules["grad_clip"]),
         _tokens_per_step(facts, rules["tokens_per_step"]),
         _named_list(rules["optimizer_coverage"], facts.missing_from_optimizer, "missing", "fail"),
-        _named_list(rules["gradient_reach"], facts.no_grad, "no_grad", "warn"),
+        _gradient_reach(facts, rules["gradient_reach"]),
         *invariant_checks(facts, rules),
     ]
     return checks
@@ -288,6 +290,24 @@ def _named_list(rule: dict, names: list[str], case: str, status: str) -> Check:
     if not names:
         return _check(rule, "pass", "pass", 0, "none")
     return _check(rule, status, case, len(names), "none", count=len(names), names=_names(names))
+
+
+def _gradient_reach(facts: LiveFacts, rule: dict) -> Check:
+    """Trainable parameters the first backward left without a gradient; the value is their
+    share of the trainable elements (an unused head is a sliver, a detached encoder most)."""
+    if not facts.no_grad:
+        return _check(rule, "pass", "pass", 0.0, "none")
+    share = facts.no_grad_share
+    return _check(
+        rule,
+        "warn",
+        "no_grad",
+        share,
+        "none",
+        count=len(facts.no_grad),
+        names=_names(facts.no_grad),
+        share=f"{share:.1%}",
+    )
 
 
 def _names(names: list[str]) -> str:

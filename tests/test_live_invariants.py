@@ -57,13 +57,19 @@ class Net(nn.Module):
         torch.manual_seed(0)
         self.body = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Dropout(0.1), nn.Linear(16, 1))
 
+    detached = False
+    """On: the hidden layer's output is detached, so the first layer gets no gradient."""
+
     def forward(self, x, y):
-        return nn.functional.mse_loss(self.body(x), y)
+        hidden = self.body[:3](x)
+        out = self.body[3](hidden.detach() if self.detached else hidden)
+        return nn.functional.mse_loss(out, y)
 
 
 def loop(uri: str, bug: str = "", total_steps: int | None = None) -> dict[str, dict]:
     """A plain loop with one bug planted; the L0 checks the probe recorded, by id."""
     model = Net()
+    model.detached = bug == "hidden_detached"
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     step_size = 1 if bug == "scheduler_per_batch" else 100
     schedule = torch.optim.lr_scheduler.StepLR(optimizer, step_size, gamma=0.01)
@@ -122,6 +128,16 @@ def test_each_planted_bug_fails_its_own_check_and_only_it(uri, bug, check):
     assert checks[check]["status"] == "fail", checks[check]
     others = [k for k in [*INVARIANTS, "lr_schedule_collapse"] if k != check]
     assert all(checks[k]["status"] == "pass" for k in others), {k: checks[k] for k in others}
+
+
+def test_parameters_off_the_loss_path_are_counted_by_their_share_of_the_elements(uri):
+    """A detached hidden layer gets no gradient: the L0 check warns with its share of the
+    trainable elements (the first layer's 144 of 161), not just how many tensors."""
+    checks = loop(uri, "hidden_detached")
+    reach = checks["gradient_reach"]
+    assert reach["status"] == "warn" and reach["value"] == pytest.approx(144 / 161)
+    assert "body.0.weight" in reach["why"] and "89.4%" in reach["why"]
+    assert loop(uri)["gradient_reach"]["status"] == "pass"
 
 
 def test_the_schedule_check_is_skipped_without_the_budget(uri):

@@ -1110,6 +1110,8 @@ NO_CARD_ROWS = {"noisy_labels", "noisy_labels_flat"} | {  # broken invariants: a
     "clip_ineffective",
     "repeated_batch",
     "loss_on_padding",
+    "step_without_gradients",
+    "static.gradient_reach",
 }
 
 
@@ -1146,6 +1148,45 @@ def test_most_parameters_frozen_in_a_fresh_model_is_a_finding(first_loss, fires)
     )
     ids = [f.id for f in triage(ev).findings]
     assert ("params_frozen" in ids) == fires, ids
+
+
+@pytest.mark.parametrize(
+    ("share", "first_loss", "fires"),
+    [(0.97, 5.6, True), (0.05, 5.6, False), (0.97, 2.0, False)],
+)
+def test_most_of_the_model_without_a_gradient_reads_as_frozen(share, first_loss, fires):
+    """Trainable parameters off the loss's path (a detached encoder) learn no more than frozen
+    ones: past params_frozen's share (90% of the elements) in a fresh model it is a finding;
+    a spare head (a sliver of the elements), or a model whose loss starts far below ln(vocab)
+    and falls, stays an L0 warning."""
+    ev = healthy()
+    loss = ev.series["train/loss"]
+    ev.series["train/loss"] = [(s, v * first_loss / loss[0][1]) for s, v in loss]
+    ev.static.append(
+        {
+            "id": "gradient_reach",
+            "status": "warn",
+            "value": share,
+            "threshold": "none",
+            "why": "trainable parameters got no gradient from the first backward",
+            "question": "Q1",
+        }
+    )
+    ids = [f.id for f in triage(ev).findings]
+    assert ("static.gradient_reach" in ids) == fires, ids
+
+
+def test_weights_that_never_move_under_gradients_and_an_lr_are_a_finding():
+    """Backward's gradients, an LR above 0, and a drift of exactly 0 from init: the steps
+    applied nothing (zero_grad between backward and step). Any movement, or no gradient at all
+    (a frozen model), is not this finding."""
+    ev = healthy()
+    assert "step_without_gradients" not in [f.id for f in triage(ev).findings]
+    drift = ev.series["param/dist_from_init"]
+    ev.series["param/dist_from_init"] = [(s, 0.0) for s, _ in drift]
+    assert triage(ev).findings[0].id == "step_without_gradients"
+    ev.series["grad/norm"] = [(s, 0.0) for s, _ in ev.series["grad/norm"]]
+    assert "step_without_gradients" not in [f.id for f in triage(ev).findings]
 
 
 def finding(row_id: str, question: str = "Q1", priority: int = 50, **fields) -> Finding:

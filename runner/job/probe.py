@@ -514,7 +514,10 @@ class Probe:
         if self.facts is not None:
             return
         self.facts = LiveFacts()
-        self.facts.no_grad = [n for n, p in self.named if _full_grad(p) is None]
+        unreached = [(n, p) for n, p in self.named if _full_grad(p) is None]
+        self.facts.no_grad = [n for n, _ in unreached]
+        trainable = sum(_elements(p) for _, p in self.named)
+        self.facts.no_grad_share = sum(_elements(p) for _, p in unreached) / max(trainable, 1)
         self.facts.first_grad_norm = self._grad_norm()
 
     def _first_steps(self) -> None:
@@ -699,6 +702,11 @@ def _mean_over_ranks(value: float, world: int) -> float:
 def _uses_deepspeed(param: torch.nn.Parameter) -> bool:
     """Whether DeepSpeed owns this parameter's gradient (ZeRO partitions or fp32 master copy)."""
     return hasattr(param, "ds_id") or getattr(param, "_hp_mapping", None) is not None
+
+
+def _elements(param: torch.nn.Parameter) -> int:
+    """A parameter's element count, whole under ZeRO-3 (which leaves each rank a shard)."""
+    return int(getattr(param, "ds_numel", param.numel()))
 
 
 def _full_grad(param: torch.nn.Parameter) -> torch.Tensor | None:
