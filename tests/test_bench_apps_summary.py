@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 
+from bench.apps import setting
 from bench.apps.schema import Entry, load_table, twin_of
 from bench.apps.setting import reference_of
 from bench.apps.summary import (
@@ -79,3 +80,11 @@ def test_the_summary_recounts_every_committed_set(capsys):
     assert "--pool-from" in capsys.readouterr().out
     assert main(["--pool-from", "8"]) == 0
     assert "held-out draws 8+ pooled" in capsys.readouterr().out
+
+
+def test_the_setting_is_measured_only_beside_a_recorded_harm(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(setting, "RESULTS", tmp_path)  # no harm file there
+    argv = ["--set", "heldout", "--workdir", str(tmp_path / "runs")]
+    assert setting.main(argv) == 2
+    assert "run bench.apps.harm" in capsys.readouterr().err
+    assert sorted(tmp_path.iterdir()) == []

@@ -38,7 +38,10 @@ def main(argv: list[str] | None = None) -> int:
     args, split, name_of_set = parsed
     harm_file = RESULTS / f"harm_{name_of_set}.json"
     if not harm_file.exists():
-        print(f"no {harm_file.name}: run bench.apps.harm with the same arguments first")
+        print(
+            f"no {harm_file.name}: run bench.apps.harm with the same arguments first",
+            file=sys.stderr,
+        )
         return 2
     from hyprun.runner.control.baseline import record_baseline
     from hyprun.runner.launch.app import HydraApp
