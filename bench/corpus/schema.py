@@ -57,6 +57,9 @@ class Row(BaseModel):
     eval loss at this budget (the report's own description)."""
     harm: Harm | None = None
     """Measured by `python -m bench.corpus.harm` before the split; null until then."""
+    batch: int = Field(default=1, ge=1)
+    """later.yaml: which search after the split found the row (1 the first). A batch is scored
+    clean once, with diag/ frozen before its rows were added (`split --later SEED --batch N`)."""
 
     @field_validator("sources")
     @classmethod

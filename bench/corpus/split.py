@@ -79,15 +79,16 @@ def load_split(path: Path = SPLIT) -> dict:
     return yaml.safe_load(Path(path).read_text())
 
 
-def write_redraw(seed: int, why: str, later: bool = False) -> int:
+def write_redraw(seed: int, why: str, later: bool = False, batch: int | None = None) -> int:
     """A later score of the held-out rows, or (`later`) the first and only score of the rows
     found after the split (later.yaml, all held out): a data seed no earlier draw took, diag/
-    as it is."""
+    as it is. `batch`: only the later rows of that search (schema.Row.batch)."""
     path = DRAWS / f"{seed}.yaml"
     if path.exists():
         print(f"{path} exists: a draw is made once", file=sys.stderr)
         return 2
-    rows = [row.id for row in load_later()] if later else load_split()["heldout"]
+    later_rows = [row for row in load_later() if batch is None or row.batch == batch]
+    rows = [row.id for row in later_rows] if later else load_split()["heldout"]
     if not rows:
         print(f"no rows in {LATER.name}: add the rows found after the split first", file=sys.stderr)
         return 2
@@ -103,6 +104,7 @@ def write_redraw(seed: int, why: str, later: bool = False) -> int:
         "seed": seed,
         "corpus_sha256": sha256(CORPUS),
         **({"later_sha256": sha256(LATER)} if later else {}),
+        **({"batch": batch} if later and batch is not None else {}),
         "diag_sha256": diag_sha256(),
         "data_seed": int(np.random.default_rng(seed).choice(free)),
         "why": why,
@@ -123,11 +125,12 @@ def main(argv: list[str] | None = None) -> int:
         "--later", type=int, metavar="SEED", help="the one score of the rows in later.yaml"
     )
     parser.add_argument("--why", default="", help="what changed since the last score (--redraw)")
+    parser.add_argument("--batch", type=int, help="with --later: only the rows of that search")
     args = parser.parse_args(argv)
     if args.redraw is not None:
         return write_redraw(args.redraw, args.why)
     if args.later is not None:
-        return write_redraw(args.later, args.why, later=True)
+        return write_redraw(args.later, args.why, later=True, batch=args.batch)
     if SPLIT.exists():
         print(f"{SPLIT} exists: the split is drawn once; it is frozen", file=sys.stderr)
         return 2
