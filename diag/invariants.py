@@ -62,6 +62,20 @@ where any stream reads the same): fewer, and the check is skipped."""
 PROBABILITY_TOL = 1e-3
 """Rows of a softmax output sum to 1 up to float rounding (~1e-6 in fp32, ~1e-3 in bf16);
 logits, unbounded scores, sum to 1 on every row while all lie in [0, 1] only by design."""
+LOG_PROBABILITY_TOL = 0.05
+"""nll_loss takes log-probabilities: each row's logsumexp over its classes is 0 up to float
+rounding (~1e-6 in fp32, ~1e-2 in bf16). A log-softmax taken over another dimension (the
+batch) normalises the wrong axis, so a row's logsumexp sits near log(classes / rows); raw
+logits are off by their own scale."""
+REPEAT_TOL = 1e-4
+"""In eval mode the same batch at the same weights gives the same loss: a forward has no
+randomness left (fp32 on one device repeats bit for bit; reduction order on some GPUs moves
+the 7th digit; the healthy runs read exactly 0). Dropout still drawing at evaluation moves it
+by its own noise: 1.2e-3 for p = 0.1 on the corpus loop's embeddings (128 held-out rows)."""
+FUTURE_TOL = 1e-4
+"""A causal model's output at position t reads only the inputs up to t: changing later input
+ids leaves the earlier outputs bit for bit as they were (masked scores add exactly 0). Without
+the mask every position reads the whole row and moves by a share of its own scale."""
 
 
 @dataclass(frozen=True)
@@ -327,4 +341,54 @@ def probabilities_into_loss(reads: Sequence[tuple[float, float, float]]) -> list
         )
         for call, (low, high, off) in enumerate(reads)
         if low >= 0 and high <= 1 and off <= PROBABILITY_TOL
+    ]
+
+
+def nll_not_log_probabilities(reads: Sequence[float]) -> list[Violation]:
+    """nll_loss given scores that are not log-probabilities over its classes: a log-softmax
+    over the wrong dimension (pointnet.pytorch#27: over the batch), or none at all. `reads`:
+    per nll_loss call, the largest |logsumexp over the class dimension| of its input. Hook:
+    the function mode that reads cross-entropy's input reads nll_loss's too (F.cross_entropy
+    does not call it, so a loop that applies log-softmax itself is the one read)."""
+    return [
+        Violation(
+            "nll_gets_log_probabilities",
+            f"call {call}",
+            f"a row's probabilities sum to {math.exp(off):.3g} (logsumexp {off:+.3g}), not 1",
+        )
+        for call, off in enumerate(reads)
+        if abs(off) > LOG_PROBABILITY_TOL
+    ]
+
+
+def eval_not_repeatable(gap: float) -> list[Violation]:
+    """Something random runs in eval mode: two held-out losses at the same weights differ. The
+    usual cause is functional dropout called without `training=self.training` (rixwew/pytorch-fm
+    #21, pytorch#26338): model.eval() reaches only nn.Dropout modules. `gap`: |a - b| / |a| of
+    the two losses. Hook: the probe's step scan, once, in eval mode without autograd."""
+    if gap <= REPEAT_TOL:
+        return []
+    return [
+        Violation(
+            "evaluation_is_repeatable",
+            "two eval-mode forwards of the held-out batch",
+            f"the loss moved by {gap:.2g} of itself between them",
+        )
+    ]
+
+
+def future_visible(influence: float) -> list[Violation]:
+    """A next-token model whose early outputs change when only later input ids do: each
+    position sees the tokens after it (no causal mask, pytorch/tutorials#2478), so it can copy
+    the target it is scored on and the loss reads far too good. `influence`: the largest change
+    of the first quarter's outputs over their largest magnitude when the second half's ids
+    change. Hook: the probe's step scan, once (runner/job/model_checks.py)."""
+    if influence <= FUTURE_TOL:
+        return []
+    return [
+        Violation(
+            "outputs_read_only_earlier_tokens",
+            "the held-out batch, second half of its ids changed",
+            f"the first quarter's outputs moved by {influence:.2g} of their scale",
+        )
     ]

@@ -112,6 +112,15 @@ class LiveFacts:
     step_norms: list[float] = field(default_factory=list)
     """The global gradient norm each of the first steps applied, read in the optimizer's step
     post-hook of a loop the probe hooks (invariants.clipping_not_applied)."""
+    nll_inputs: list[float] = field(default_factory=list)
+    """Per nll_loss call of the first steps: its input's largest |logsumexp| over the classes
+    (invariants.nll_not_log_probabilities)."""
+    eval_gap: float | None = None
+    """Two eval-mode losses of the held-out batch at the same weights: |a - b| / |a|
+    (invariants.eval_not_repeatable); None: not read (no step scan)."""
+    future_influence: float | None = None
+    """How far the first quarter's outputs moved when the held-out batch's later ids changed
+    (invariants.future_visible); None: not read."""
     accumulation: list[tuple[int, float, int]] = field(default_factory=list)
     """Per first step split into micro-batches: (micro-batches, total weight of its tokens in
     the backpropagated loss, its tokens) (invariants.accumulation_scale)."""
@@ -210,7 +219,43 @@ def invariant_checks(facts: LiveFacts, rules: dict) -> list[Check]:
             invariants.accumulation_scale(facts.accumulation) if facts.accumulation else None,
             "fail",
         ),
+        _violations(
+            rules["softmax_wrong_dim"],
+            invariants.nll_not_log_probabilities(facts.nll_inputs) if facts.nll_inputs else None,
+            "fail",
+        ),
+        _measured(
+            rules["functional_dropout_in_eval"],
+            facts.eval_gap,
+            invariants.eval_not_repeatable,
+            f"gap <= {invariants.REPEAT_TOL:g}",
+        ),
+        _measured(
+            rules["causal_mask_missing"],
+            facts.future_influence if _next_token_task(facts) else None,
+            invariants.future_visible,
+            f"move <= {invariants.FUTURE_TOL:g}",
+        ),
     ]
+
+
+def _next_token_task(facts: LiveFacts) -> bool:
+    """The loss's targets were read as the input ids shifted by one: a causal language model,
+    whose outputs must not read later tokens (an encoder trained on another task may)."""
+    return any(shares[1] >= invariants.LABEL_MATCH for shares in facts.label_reads)
+
+
+def _measured(rule: dict, value: float | None, judge, threshold: str) -> Check:
+    """A check on one measured number: skip when not measured, else its value beside the cut
+    so a healthy run shows where it sits."""
+    if value is None:
+        return _check(rule, "skip", "skip", None, threshold)
+    shown = float(f"{value:.3g}")
+    found = judge(value)
+    if not found:
+        return _check(rule, "pass", "pass", shown, threshold)
+    fields = {"where": found[0].where, "evidence": found[0].evidence}
+    return _check(rule, "fail", "violated", shown, threshold, **fields)
 
 
 def _draws_batches(facts: LiveFacts) -> bool:

@@ -238,6 +238,9 @@ class Checks(Strict):
     clip_ineffective: Invariant
     repeated_batch: Invariant
     loss_on_padding: Invariant
+    softmax_wrong_dim: Invariant
+    functional_dropout_in_eval: Invariant
+    causal_mask_missing: Invariant
 
 
 class BytesPerParam(Strict):

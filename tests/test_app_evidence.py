@@ -72,6 +72,11 @@ def test_a_trainer_app_gets_the_low_lr_finding_only_when_planted(kind, planted, 
     assert planted > 1 or not fired, fired  # at the best LR nothing fires at all
     checks = {c["id"]: c for c in document["static"]}  # read from the live optimizer
     assert checks["lr_plausible"]["value"] == pytest.approx(lr)
+    # on the eval set's batch: evaluation repeats, and no output reads a later token
+    model_checks = {
+        k: checks[k]["status"] for k in ("functional_dropout_in_eval", "causal_mask_missing")
+    }
+    assert set(model_checks.values()) == {"pass"}, model_checks
 
 
 class TinyLM(nn.Module):

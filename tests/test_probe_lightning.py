@@ -191,3 +191,7 @@ def test_lightnings_accumulation_keeps_the_losss_scale(workdir, monkeypatch, acc
     assert checks["labels_misaligned"]["status"] == "pass"
     assert checks["clip_ineffective"]["status"] == "skip"  # Lightning clips in its own step
     assert checks["repeated_batch"]["status"] == "pass"  # a new batch each step
+    # the val loader's batch through training_step: repeatable, and causal although the
+    # module feeds itself tokens[:, :-1]
+    assert checks["functional_dropout_in_eval"]["status"] == "pass"
+    assert checks["causal_mask_missing"]["status"] == "pass"

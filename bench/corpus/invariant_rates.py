@@ -36,10 +36,15 @@ PROBE_CHECKS = (
     "clip_ineffective",
     "repeated_batch",
     "loss_on_padding",
+    "softmax_wrong_dim",
+    "functional_dropout_in_eval",
+    "causal_mask_missing",
 )
 """Invariants read from the probe's L0 record: they need its step scan or its loss reads."""
 STREAM_GAPS: dict[str, float] = {}
 """By run: the fair-stream check's mean first-epoch gap (its healthy reference)."""
+STATUSES: dict[str, dict[str, str]] = {}
+"""By run: each PROBE_CHECKS status (a check skipped on a run is not judged there)."""
 
 
 class Recorder:
@@ -66,7 +71,8 @@ def probe_fired(recorder: Recorder, name: str) -> dict[str, list[str]]:
     gap = checks.get("unshuffled_data", {}).get("value")
     if isinstance(gap, int | float) and math.isfinite(gap):
         STREAM_GAPS[name] = gap
-    failed = [k for k in PROBE_CHECKS if checks.get(k, {}).get("status") == "fail"]
+    STATUSES[name] = {k: checks.get(k, {}).get("status", "absent") for k in PROBE_CHECKS}
+    failed = [k for k in PROBE_CHECKS if STATUSES[name][k] == "fail"]
     return {k: [checks[k]["why"]] for k in failed}
 
 
@@ -142,6 +148,15 @@ def fired_hf(overrides: list[str], seed: int) -> dict[str, list[str]]:
     return out | probe_fired(recorder, f"hf_gpt2 {' '.join(overrides) or 'as shipped'} seed={seed}")
 
 
+def judged_counts(statuses: dict[str, dict[str, str]]) -> list[tuple[str, tuple[int, int]]]:
+    """Per probe check: on how many healthy runs it was judged (not skipped), how many failed."""
+    counts = []
+    for check in PROBE_CHECKS:
+        seen = [run[check] for run in statuses.values()]
+        counts.append((check, (sum(s in ("pass", "fail") for s in seen), seen.count("fail"))))
+    return counts
+
+
 def main() -> int:
     torch.set_num_threads(1)
     rows = load_corpus().rows
@@ -154,7 +169,7 @@ def main() -> int:
             healthy[f"hf_gpt2 {' '.join(overrides) or 'as shipped'} seed={seed}"] = fired_hf(
                 overrides, seed
             )
-    healthy_gaps = dict(STREAM_GAPS)
+    healthy_gaps, healthy_statuses = dict(STREAM_GAPS), dict(STATUSES)
     for row in rows:
         faults[row.id] = fired(row.fault_overrides, 0)
     alarms = {name: sum(bool(f) for f in healthy.values()) for name in ("any",)}
@@ -166,6 +181,13 @@ def main() -> int:
         "| healthy run | violations |",
         "| --- | --- |",
         *(f"| {k} | {', '.join(v) or 'none'} |" for k, v in healthy.items()),
+        "",
+        "| probe check | healthy runs judged | of them failed |",
+        "| --- | --- | --- |",
+        *(
+            f"| {k} | {judged} | {failed} |"
+            for k, (judged, failed) in judged_counts(healthy_statuses)
+        ),
         "",
         "| healthy run | fair-stream gap (mean, first epoch) |",
         "| --- | --- |",
@@ -183,7 +205,15 @@ def main() -> int:
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "invariants.md").write_text(text)
     (RESULTS / "invariants.json").write_text(
-        json.dumps({"healthy": healthy, "faults": faults, "stream_gaps": healthy_gaps}, indent=1)
+        json.dumps(
+            {
+                "healthy": healthy,
+                "faults": faults,
+                "stream_gaps": healthy_gaps,
+                "probe_statuses": healthy_statuses,
+            },
+            indent=1,
+        )
     )
     return 0
 

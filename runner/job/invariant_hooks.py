@@ -31,7 +31,8 @@ Python once)."""
 class LossInputs(TorchFunctionMode):
     """While active, reads each F.cross_entropy call for hyprun.diag.invariants, into `hooks`:
     what it is given (smallest, largest value, largest |sum over the class dimension - 1|), how
-    its targets sit against the forward's input ids, and the weight backward gives its tokens."""
+    its targets sit against the forward's input ids, and the weight backward gives its tokens;
+    and each F.nll_loss call's input (whether its rows are log-probabilities)."""
 
     def __init__(self, hooks: InvariantHooks):
         super().__init__()
@@ -40,6 +41,10 @@ class LossInputs(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
+        if func is F.nll_loss:
+            scores = args[0] if args else kwargs.get("input")
+            if torch.is_tensor(scores) and scores.is_floating_point() and scores.numel():
+                self.hooks.nll_inputs.append(class_normaliser(scores.detach()))
         if func is F.cross_entropy:
             scores = args[0] if args else kwargs.get("input")
             target = args[1] if len(args) > 1 else kwargs.get("target")
@@ -118,6 +123,13 @@ def class_spread(scores: torch.Tensor) -> tuple[float, float, float]:
     return float(values.min()), float(values.max()), float((sums - 1).abs().max())
 
 
+def class_normaliser(scores: torch.Tensor) -> float:
+    """The largest |logsumexp over the class dimension| of an nll_loss input (0 for
+    log-probabilities); classes are dimension 1 of a batch (N, C, ...), 0 of one (C,) row."""
+    values = scores.float()
+    return float(values.logsumexp(dim=1 if values.dim() >= 2 else 0).abs().max())
+
+
 def mode_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
     """Dropout with p > 0 and batch norm with running statistics: the modules whose output
     changes with the mode (a p=0 dropout is the identity in both)."""
@@ -168,6 +180,12 @@ class InvariantHooks:
         """The LR (group 0) after each optimizer step."""
         self.loss_inputs: list[tuple[float, float, float]] = []
         """What cross-entropy was given in the first LOSS_READ_STEPS steps (LossInputs)."""
+        self.nll_inputs: list[float] = []
+        """Per nll_loss call of the first steps: its input's largest |logsumexp| over classes."""
+        self.eval_gap: float | None = None
+        """Two eval-mode held-out losses' relative gap (model_checks.repeat_gap), once read."""
+        self.future_influence: float | None = None
+        """The early outputs' move when later ids change (model_checks.future_influence)."""
         self.label_reads: list[tuple[float, ...]] = []
         """Per cross-entropy call of the first steps whose targets pair with the forward's
         input ids: the share matching each offset (label_offsets)."""

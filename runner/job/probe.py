@@ -49,7 +49,7 @@ from hyprun.diag.evidence import NAN_MODULE_TAG, OUTCOME_TAG
 from hyprun.diag.features import SCAN_BATCH_LOSS, SCAN_TAG, VOCAB_TAG
 from hyprun.diag.live_checks import L0_TAG, LiveFacts, live_checks
 from hyprun.diag.spikes import SpikeDetector
-from hyprun.runner.job import stop
+from hyprun.runner.job import model_checks, stop
 from hyprun.runner.job.invariant_hooks import InvariantHooks, parameter_checksums
 
 STEP_UNITS = ("tokens", "steps")
@@ -215,6 +215,7 @@ class Probe:
             self._handles.append(optimizer.register_step_post_hook(lambda *_: self.after_step()))
         self._heldout, self._heldout_ready, self.loss_fn = heldout, False, loss_fn
         self._scan = probes.StepScan()
+        self._model_checked = False
         self.scan_off: str | None = None if heldout is not None else NO_HELDOUT
         """Why the step scan is off (None: on)."""
         self.facts: LiveFacts | None = None
@@ -477,9 +478,27 @@ class Probe:
             batch = self._heldout_batch()
             data = [p.data for p in params]
             self.invariants.own_forward = True  # not the loop's evaluation
-            return self._scan(self.model, data, delta, lambda: self._loss(batch))
+            scanned = self._scan(self.model, data, delta, lambda: self._loss(batch))
         except Exception as error:  # whatever the user's forward raises on this batch
             return self._scan_stops(f"the held-out forward failed: {type(error).__name__}: {error}")
+        finally:
+            self.invariants.own_forward = False
+        if not self._model_checked:
+            self._model_checks(batch)
+        return scanned
+
+    def _model_checks(self, batch: Any) -> None:
+        """Once, on the held-out batch: is evaluation repeatable, and does the model read only
+        earlier tokens (runner/job/model_checks.py)? A forward these checks cannot run leaves
+        them unread (skipped), never the user's training stopped."""
+        self._model_checked = True
+        self.invariants.own_forward = True
+        try:
+            gap = model_checks.repeat_gap(self.model, lambda: self._loss(batch))
+            influence = model_checks.future_influence(self.model, batch, self._loss)
+            self.invariants.eval_gap, self.invariants.future_influence = gap, influence
+        except Exception as error:  # the checks' own forwards: a batch they cannot change
+            warnings.warn(f"hyprun probe: model checks skipped: {error}", RuntimeWarning, 3)
         finally:
             self.invariants.own_forward = False
 
@@ -913,6 +932,8 @@ def read_invariants(
     facts.lrs, facts.total_steps = list(hooks.lrs), total_steps
     facts.stream, facts.epoch_steps = list(hooks.stream), epoch_steps
     facts.loss_inputs = list(hooks.loss_inputs)
+    facts.nll_inputs = list(hooks.nll_inputs)
+    facts.eval_gap, facts.future_influence = hooks.eval_gap, hooks.future_influence
     facts.label_reads = list(hooks.label_reads)
     facts.padding_reads = list(hooks.padding_reads)
     facts.accumulation = hooks.accumulation_reads()
