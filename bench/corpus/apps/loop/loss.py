@@ -13,8 +13,11 @@ import torch.nn.functional as F
 from bench.corpus.apps.loop.data import IGNORE, PAD
 
 
-def token_loss(logits: torch.Tensor, x: torch.Tensor, y: torch.Tensor, bug) -> tuple:
-    """(summed cross-entropy, tokens counted) of one micro-batch under the switches in `bug`."""
+def token_loss(
+    logits: torch.Tensor, x: torch.Tensor, y: torch.Tensor, bug, smoothing: float = 0.0
+) -> tuple:
+    """(summed cross-entropy, tokens counted) of one micro-batch under the switches in `bug`;
+    `smoothing`: label smoothing (0: none)."""
     target = y
     if bug.padding_in_loss:  # labels = input ids: padding is a target like any token
         target = torch.where(y == IGNORE, torch.full_like(y, PAD), y)
@@ -28,6 +31,20 @@ def token_loss(logits: torch.Tensor, x: torch.Tensor, y: torch.Tensor, bug) -> t
     if bug.log_softmax_wrong_dim:  # log_softmax over the batch, then NLL (pointnet.pytorch#27)
         flat = logits.log_softmax(0).reshape(-1, logits.shape[-1])
         total = F.nll_loss(flat, target.reshape(-1), ignore_index=IGNORE, reduction="sum")
+        return total, int((target != IGNORE).sum())
+    if smoothing and bug.label_smoothing_mass_added:  # (1 - eps) y + 1/K (TimDettmers/ConvE#55)
+        real = target.reshape(-1) != IGNORE
+        onehot = F.one_hot(target.reshape(-1)[real], flat.shape[-1]).float()
+        soft = (1.0 - smoothing) * onehot + 1.0 / flat.shape[-1]
+        return -(soft * flat[real].log_softmax(-1)).sum(), int(real.sum())
+    if smoothing:
+        total = F.cross_entropy(
+            flat,
+            target.reshape(-1),
+            ignore_index=IGNORE,
+            reduction="sum",
+            label_smoothing=smoothing,
+        )
         return total, int((target != IGNORE).sum())
     total = F.cross_entropy(flat, target.reshape(-1), ignore_index=IGNORE, reduction="sum")
     return total, int((target != IGNORE).sum())

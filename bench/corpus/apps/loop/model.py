@@ -20,6 +20,12 @@ class TinyLM(nn.Module):
     """On (bug.dropout_ignores_eval): F.dropout without training=, so it drops in eval too."""
     encoder_output_detached = False
     """On (bug.encoder_output_detached): the encoder's output is detached from the graph."""
+    residual_overwritten = False
+    """On (bug.residual_overwritten): each layer's attention output replaces the residual stream
+    and is added to itself (`x = x + x`), so the stream before it is lost."""
+    layer_norm_wrong_dim = False
+    """On (bug.layer_norm_wrong_dim): the final LayerNorm normalises over the sequence and the
+    features together, not over the features of each position."""
 
     def __init__(
         self,
@@ -50,10 +56,18 @@ class TinyLM(nn.Module):
             h = F.dropout(h, self.emb_dropout)  # rixwew/pytorch-fm#21, pytorch#26338
         elif self.emb_dropout:
             h = F.dropout(h, self.emb_dropout, training=self.training)
-        if self.causal:
+        if self.residual_overwritten:  # kyegomez/BitNet#32: x = attn(x); x = x + x
+            for layer in self.encoder.layers:
+                h = layer._sa_block(layer.norm1(h), self.mask[:t, :t], None, is_causal=True)
+                h = h + h
+                h = h + layer._ff_block(layer.norm2(h))
+        elif self.causal:
             h = self.encoder(h, mask=self.mask[:t, :t], is_causal=True)
         else:  # no src mask, as in pytorch/tutorials#2478: the next token is in view
             h = self.encoder(h)
         if self.encoder_output_detached:  # lucidrains/CoCa-pytorch#6: no gradient reaches it
             h = h.detach()
+        if self.layer_norm_wrong_dim:  # normalized_shape = every dim but the batch
+            h = F.layer_norm(h, h.shape[1:], eps=self.ln_f.eps)  # (geometric-algebra-transformer#8)
+            return self.head(h * self.ln_f.weight + self.ln_f.bias)
         return self.head(self.ln_f(h))

@@ -21,6 +21,8 @@ from hyprun.runner.job.probe import Probe
 
 RESTART_GAMMA = 0.9
 """The cosine schedule's peak decay per restart (the report's gamma)."""
+LOADER_WORKERS = 4
+"""Loader workers of an iterable dataset (bug.workers_duplicate_data: each yields every batch)."""
 
 
 def build(cfg: DictConfig) -> tuple:
@@ -28,12 +30,17 @@ def build(cfg: DictConfig) -> tuple:
     as each report built them."""
     torch.manual_seed(cfg.seed)
     m, bug = cfg.model, cfg.bug
+    dropout = m.dropout
+    if bug.dropout_keep_prob_as_p:  # keep_prob=0.9 ported as p (bonlime/keras-deeplab-v3-plus#4)
+        dropout = 1 - m.dropout
     model = TinyLM(
-        cfg.data.vocab, cfg.data.seq_len, m.n_layer, m.d_model, m.n_head, m.dropout, m.emb_dropout
+        cfg.data.vocab, cfg.data.seq_len, m.n_layer, m.d_model, m.n_head, dropout, m.emb_dropout
     )
     model.causal = not bug.causal_mask_missing
     model.dropout_ignores_eval = bug.dropout_ignores_eval
     model.encoder_output_detached = bug.encoder_output_detached
+    model.residual_overwritten = bug.residual_overwritten
+    model.layer_norm_wrong_dim = bug.layer_norm_wrong_dim
     if cfg.bug.frozen_except_norm:  # PyTorch forum 84911: every weight but the norms frozen
         for name, parameter in model.named_parameters():
             parameter.requires_grad = "norm" in name or "ln_" in name
@@ -69,10 +76,12 @@ def cosine_schedule(cfg: DictConfig, optimizer) -> torch.optim.lr_scheduler.Lamb
 
 
 def make_optimizer(cfg: DictConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
-    o = cfg.optim
+    o, bug = cfg.optim, cfg.bug
     params = model.parameters() if o.layer_decay == 1 else layer_groups(model, o.layer_decay)
     if o.name == "sgd":
         return torch.optim.SGD(params, lr=o.lr, momentum=o.momentum, weight_decay=o.weight_decay)
+    if bug.adam_eps_too_large:  # eps=0.1 where 1e-8 was meant (mlpnlp/mlpnlp-nmt#4)
+        return torch.optim.AdamW(params, lr=o.lr, weight_decay=o.weight_decay, eps=0.1)
     return torch.optim.AdamW(params, lr=o.lr, weight_decay=o.weight_decay)
 
 
@@ -102,28 +111,34 @@ def micro_batches(cfg: DictConfig, data: dict):
         for rows in batch_order(data, cfg.train.batch, cfg.data.seed, epoch, shuffled):
             if cfg.bug.same_batch_every_step:  # next(iter(loader)) each step, no shuffling
                 rows = first
-            yield data["x"][rows], data["y"][rows]
+            copies = LOADER_WORKERS if cfg.bug.workers_duplicate_data else 1
+            for _ in range(copies):  # every worker replays the whole stream (datasets#3423)
+                yield data["x"][rows], data["y"][rows]
         epoch += 1
 
 
-def step_loss(model, micro: list, bug, accum: int) -> float:
+def step_loss(model, micro: list, bug, accum: int, smoothing: float = 0.0) -> float:
     """Forward and backward over one optimizer step's micro-batches; the step's mean loss."""
-    losses = [token_loss(model(x), x, y, bug) for x, y in micro]
+    losses = [token_loss(model(x), x, y, bug, smoothing) for x, y in micro]
     step_tokens = sum(count for _, count in losses)
     for total, count in losses:
         if bug.accum_loss_not_divided:  # each micro-batch's mean, summed over the step
             scaled = total / count
         elif bug.accum_mean_of_means:  # the mean of micro-batch means (transformers #34191)
             scaled = total / count / accum
+        elif bug.loss_averaged_twice:  # a mean loss divided by its count again (PyTorch-YOLOv3#137)
+            scaled = total / step_tokens / step_tokens
         else:  # the step's token sum over its token count
             scaled = total / step_tokens
         scaled.backward(retain_graph=False)
     return float(sum(total.detach() for total, _ in losses)) / step_tokens
 
 
-def mean_token_loss(model, x: torch.Tensor, y: torch.Tensor, bug) -> torch.Tensor:
+def mean_token_loss(
+    model, x: torch.Tensor, y: torch.Tensor, bug, smoothing: float = 0.0
+) -> torch.Tensor:
     """The training loss of one batch as the loop computes it, as a token mean."""
-    total, count = token_loss(model(x), x, y, bug)
+    total, count = token_loss(model(x), x, y, bug, smoothing)
     return total / max(count, 1)
 
 
@@ -145,7 +160,7 @@ def fit(cfg: DictConfig, log=None, probe: bool = True, attach=None, tracker=None
             optimizer,
             step_unit="steps",
             heldout=(heldout["x"], heldout["y"]),
-            loss_fn=lambda net, batch: mean_token_loss(net, *batch, bug),
+            loss_fn=lambda net, batch: mean_token_loss(net, *batch, bug, t.label_smoothing),
             grad_clip=float(cfg.optim.clip or 0.0),  # what the loop applies, for the L0 check
             total_steps=t.steps,
             epoch_steps=steps_per_epoch,
@@ -157,10 +172,13 @@ def fit(cfg: DictConfig, log=None, probe: bool = True, attach=None, tracker=None
     model.train()
     last = float("nan")
     for step in range(1, t.steps + 1):
+        if bug.optimizer_reset_each_epoch and step > 1 and (step - 1) % steps_per_epoch == 0:
+            optimizer.state.clear()  # a fresh Adam each epoch: moments and step count start over
         per_epoch = bug.zero_grad_per_epoch and (step - 1) % steps_per_epoch != 0
         if not bug.zero_grad_missing and not per_epoch:
             optimizer.zero_grad()
-        loss = step_loss(model, [next(stream) for _ in range(t.accum)], bug, t.accum)
+        micro = [next(stream) for _ in range(t.accum)]
+        loss = step_loss(model, micro, bug, t.accum, t.label_smoothing)
         if watch:
             watch.after_backward(loss)
         if bug.grads_cleared_before_step:  # backward, zero_grad, step (Tony-Y/pytorch_warmup#12)
