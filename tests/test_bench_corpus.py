@@ -14,7 +14,7 @@ from bench.corpus import split as split_module
 from bench.corpus.__main__ import main as harness
 from bench.corpus.cards import applicable
 from bench.corpus.compose import app_config, final_eval_loss
-from bench.corpus.schema import CORPUS, LATER, Row, all_rows, load_corpus, load_later
+from bench.corpus.schema import CORPUS, Row, all_rows, load_corpus, load_later
 from bench.corpus.split import SPLIT, draw, load_split, sha256
 from bench.frozen import ROOT
 
@@ -91,15 +91,21 @@ def test_rows_found_after_the_split_are_drawn_once_and_frozen_by_their_draw(
     batch_of = {row.id: row.batch for row in load_later()}
     for path in sorted(split_module.DRAWS.glob("*.yaml")):
         drawn = load_split(path)
-        if "later_sha256" in drawn:  # later.yaml may grow only by a new search's rows (batch)
-            batches = {batch_of.get(row) for row in drawn["heldout"]}
+        if "later_sha256" in drawn:  # a later batch may be appended; a drawn one stands
+            batches = {batch_of[row] for row in drawn["heldout"]}
             assert drawn["heldout"] == [row for row in later if batch_of[row] in batches]
-            if max(batch_of.values()) <= max(batches):  # no later search since: frozen as drawn
-                assert drawn["later_sha256"] == sha256(LATER), f"later.yaml changed after {path}"
+            digest = split_module.rows_sha256(drawn["heldout"])
+            frozen = split_module.drawn_rows_sha256(drawn)
+            assert frozen == digest, f"rows of {path.name} changed after it"
     monkeypatch.setattr(split_module, "DRAWS", tmp_path)
     if later:
         assert split_module.main(["--later", "4"]) == 0
         assert load_split(tmp_path / "4.yaml")["heldout"] == later
+        last = max(batch_of.values())
+        assert split_module.main(["--later", "6", "--batch", str(last)]) == 0
+        one_batch = load_split(tmp_path / "6.yaml")
+        assert one_batch["heldout"] == [row for row in later if batch_of[row] == last]
+        assert one_batch["batch"] == last
     monkeypatch.setattr(split_module, "load_later", lambda: [])
     assert split_module.main(["--later", "5"]) == 2
     assert "later.yaml" in capsys.readouterr().err and not (tmp_path / "5.yaml").exists()

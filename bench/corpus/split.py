@@ -58,6 +58,27 @@ def scored_meta(
     }
 
 
+LATER_FILE_ROWS = {
+    "b5a2e035e780a6a40551a7560223fd19e5fd5a750428b75be48a66584c86b06e": (
+        "2e3ba13883a668e9ea3c81431be16d6de276cfab789601f1fada61414859de37"
+    )
+}
+"""Draws made before rows_sha256 existed froze the whole later.yaml (later_sha256): its rows'
+content hash as that file held them (batch 1 at 7867940), recorded when batch 2 was appended."""
+
+
+def drawn_rows_sha256(drawn: dict) -> str | None:
+    """The rows' content hash a later draw froze: its own, or its later.yaml's rows'."""
+    return drawn.get("rows_sha256") or LATER_FILE_ROWS.get(drawn.get("later_sha256", ""))
+
+
+def rows_sha256(ids: list[str]) -> str:
+    """The SHA-256 of the later rows `ids` as loaded (every field, canonical JSON): what a
+    later draw freezes, so that a later batch appended to later.yaml leaves it standing."""
+    rows = [row.model_dump() for row in load_later() if row.id in ids]
+    return hashlib.sha256(json.dumps(rows, sort_keys=True).encode()).hexdigest()
+
+
 def write_scores(out: Path, set_name: str, text: str, payload: dict) -> None:
     """A scored set as Markdown (what a reader opens) and JSON (what a later rescore reads)."""
     out.mkdir(parents=True, exist_ok=True)
@@ -103,7 +124,7 @@ def write_redraw(seed: int, why: str, later: bool = False, batch: int | None = N
     body = {
         "seed": seed,
         "corpus_sha256": sha256(CORPUS),
-        **({"later_sha256": sha256(LATER)} if later else {}),
+        **({"later_sha256": sha256(LATER), "rows_sha256": rows_sha256(rows)} if later else {}),
         **({"batch": batch} if later and batch is not None else {}),
         "diag_sha256": diag_sha256(),
         "data_seed": int(np.random.default_rng(seed).choice(free)),
