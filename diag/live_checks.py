@@ -121,6 +121,17 @@ class LiveFacts:
     future_influence: float | None = None
     """How far the first quarter's outputs moved when the held-out batch's later ids changed
     (invariants.future_visible); None: not read."""
+    single_steps: list[tuple[float, int]] = field(default_factory=list)
+    """Per first step of one micro-batch: (total weight of its tokens in the backpropagated
+    loss, its tokens) (invariants.loss_rescaled)."""
+    adam_eps: float | None = None
+    """The optimizer's eps (group 0), when it has one."""
+    grad_rms: float | None = None
+    """The first gradient's RMS per element (its global norm over the square root of the
+    elements that got one), before any clipping."""
+    dropout_max: tuple[float, list[str]] | None = None
+    """The largest rate of the model's dropout modules and the modules at it; None: none with
+    p > 0."""
     accumulation: list[tuple[int, float, int]] = field(default_factory=list)
     """Per first step split into micro-batches: (micro-batches, total weight of its tokens in
     the backpropagated loss, its tokens) (invariants.accumulation_scale)."""
@@ -158,6 +169,8 @@ def live_checks(facts: LiveFacts) -> list[Check]:
         _tokens_per_step(facts, rules["tokens_per_step"]),
         _named_list(rules["optimizer_coverage"], facts.missing_from_optimizer, "missing", "fail"),
         _gradient_reach(facts, rules["gradient_reach"]),
+        _adam_eps(facts, rules["adam_eps"]),
+        _dropout_rate(facts, rules["dropout_rate"]),
         *invariant_checks(facts, rules),
     ]
     return checks
@@ -222,6 +235,11 @@ def invariant_checks(facts: LiveFacts, rules: dict) -> list[Check]:
         _violations(
             rules["softmax_wrong_dim"],
             invariants.nll_not_log_probabilities(facts.nll_inputs) if facts.nll_inputs else None,
+            "fail",
+        ),
+        _violations(
+            rules["loss_divided_twice"],
+            invariants.loss_rescaled(facts.single_steps) if facts.single_steps else None,
             "fail",
         ),
         _measured(
@@ -353,6 +371,30 @@ def _gradient_reach(facts: LiveFacts, rule: dict) -> Check:
         names=_names(facts.no_grad),
         share=f"{share:.1%}",
     )
+
+
+def _adam_eps(facts: LiveFacts, rule: dict) -> Check:
+    """eps against the first gradient's scale per element; the value is their ratio."""
+    threshold = f"eps <= {invariants.ADAM_EPS_SCALE:g} x the gradient's RMS per element"
+    adam = facts.optimizer in static_table()["optimizer_families"]["adam"]
+    if not adam or facts.adam_eps is None or not facts.grad_rms:
+        return _check(rule, "skip", "skip", None, threshold)
+    ratio = float(f"{facts.adam_eps / facts.grad_rms:.3g}")
+    if ratio <= invariants.ADAM_EPS_SCALE:
+        return _check(rule, "pass", "pass", ratio, threshold)
+    fields = {"eps": facts.adam_eps, "ratio": ratio, "rms": facts.grad_rms}
+    return _check(rule, "warn", "high", ratio, threshold, **fields)
+
+
+def _dropout_rate(facts: LiveFacts, rule: dict) -> Check:
+    """The model's largest dropout rate; the value is that rate."""
+    threshold = f"p <= {invariants.DROPOUT_MAX:g}"
+    if facts.dropout_max is None:
+        return _check(rule, "skip", "skip", None, threshold)
+    rate, names = facts.dropout_max
+    if rate <= invariants.DROPOUT_MAX:
+        return _check(rule, "pass", "pass", rate, threshold)
+    return _check(rule, "warn", "high", rate, threshold, p=rate, names=_names(names))
 
 
 def _names(names: list[str]) -> str:

@@ -189,6 +189,12 @@ class GradientReach(Rule):
     outcomes = ("pass", "no_grad")
 
 
+class LiveSetting(Rule):
+    """An optimizer or model setting read off the live run, against the range it works in."""
+
+    outcomes = ("pass", "skip", "high")
+
+
 class EvalAtTrain(Rule):
     outcomes = ("pass", "eval_mode")
 
@@ -241,6 +247,9 @@ class Checks(Strict):
     softmax_wrong_dim: Invariant
     functional_dropout_in_eval: Invariant
     causal_mask_missing: Invariant
+    loss_divided_twice: Invariant
+    adam_eps: LiveSetting
+    dropout_rate: LiveSetting
 
 
 class BytesPerParam(Strict):

@@ -1115,6 +1115,9 @@ NO_CARD_ROWS = {"noisy_labels", "noisy_labels_flat"} | {  # broken invariants: a
     "softmax_wrong_dim",
     "functional_dropout_in_eval",
     "causal_mask_missing",
+    "loss_divided_twice",
+    "adam_eps_too_large",
+    "dropout_rate_inverted",
 }
 
 

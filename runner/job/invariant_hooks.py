@@ -292,6 +292,15 @@ class InvariantHooks:
             if step.forwards >= 2 and step.calls == step.reached == step.forwards
         ]
 
+    def single_step_reads(self) -> list[tuple[float, int]]:
+        """(total token weight, tokens) of each read step of one micro-batch with one
+        cross-entropy loss that backward reached."""
+        return [
+            (step.weight, step.tokens)
+            for step in self.step_losses.values()
+            if step.forwards == 1 and step.calls == step.reached == 1
+        ]
+
     def loss_read_done(self) -> None:
         """The step's backward is done: stop reading cross-entropy's input (only if no mode
         entered after ours is still active: modes nest)."""

@@ -538,6 +538,9 @@ class Probe:
         trainable = sum(_elements(p) for _, p in self.named)
         self.facts.no_grad_share = sum(_elements(p) for _, p in unreached) / max(trainable, 1)
         self.facts.first_grad_norm = self._grad_norm()
+        reached = trainable - sum(_elements(p) for _, p in unreached)
+        if self.facts.first_grad_norm is not None and reached:
+            self.facts.grad_rms = self.facts.first_grad_norm / math.sqrt(reached)
 
     def _first_steps(self) -> None:
         """At the first optimizer step: the optimizer's settings and whether the gradient was
@@ -910,6 +913,7 @@ def read_optimizer(facts: LiveFacts, optimizer: Any, named: list[tuple[str, nn.P
     facts.weight_decay = max(float(g.get("weight_decay", 0.0) or 0.0) for g in groups)
     betas = first.get("betas")
     facts.betas = (float(betas[0]), float(betas[1])) if betas is not None else None
+    facts.adam_eps = float(first["eps"]) if first.get("eps") is not None else None
     if not isinstance(optimizer, torch.optim.Optimizer):
         return
     held = {id(p) for g in groups for p in g["params"]}
@@ -937,12 +941,30 @@ def read_invariants(
     facts.label_reads = list(hooks.label_reads)
     facts.padding_reads = list(hooks.padding_reads)
     facts.accumulation = hooks.accumulation_reads()
+    facts.single_steps = hooks.single_step_reads()
     facts.step_norms = list(hooks.step_norms)
     facts.batch_prints = list(hooks.batch_prints)
 
 
+def dropout_max(model: nn.Module) -> tuple[float, list[str]] | None:
+    """(the largest dropout rate among nn.Dropout modules and nn.MultiheadAttention's own,
+    the modules at it); None: no rate above 0."""
+    rates = {}
+    for name, module in model.named_modules():
+        if isinstance(module, nn.modules.dropout._DropoutNd | nn.MultiheadAttention):
+            rate = float(module.p if hasattr(module, "p") else module.dropout)
+            if rate > 0:
+                rates[name] = rate
+    if not rates:
+        return None
+    top = max(rates.values())
+    return top, [name for name, rate in rates.items() if rate == top]
+
+
 def read_model(facts: LiveFacts, model: nn.Module) -> None:
-    """Width and heads for the LR band: a Hugging Face config's, else the token embedding's."""
+    """The largest dropout rate of its modules (nn.Dropout, attention's own); width and heads
+    for the LR band: a Hugging Face config's, else the token embedding's."""
+    facts.dropout_max = dropout_max(model)
     config = _hf_config(model)
     if config is not None:
         facts.heads, facts.width = config[1], config[2]

@@ -1,0 +1,139 @@
+"""Settings read off a live run against the range they work in, and a loss rescaled after its
+mean (diag/live_checks.py, diag/invariants.py): Adam's eps against the gradient's scale, the
+dropout rate, the token weight of a one-micro-batch step. Each on crafted facts, through the
+probe of a real loop with the setting planted as its report wrote it, and into the finding
+named by the corpus cause id only with the harm it predicts."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+from mlflow.tracking import MlflowClient
+from torch import nn
+
+from hyprun.diag.evidence import Evidence
+from hyprun.diag.invariants import loss_rescaled
+from hyprun.diag.live_checks import L0_TAG, LiveFacts, live_checks
+from hyprun.diag.triage import triage
+from hyprun.runner.job.probe import Probe
+
+CHECKS = ("adam_eps", "dropout_rate", "loss_divided_twice")
+
+
+def statuses(facts: LiveFacts) -> dict[str, str]:
+    found = {c.id: c.status for c in live_checks(facts)}
+    return {k: found[k] for k in CHECKS}
+
+
+def facts(**changes) -> LiveFacts:
+    found = LiveFacts(optimizer="AdamW", peak_lr=1e-3, first_lr=1e-4, second_lr=2e-4)
+    for name, value in changes.items():
+        setattr(found, name, value)
+    return found
+
+
+def test_a_mean_or_a_sum_keeps_its_scale_and_a_mean_divided_again_does_not():
+    assert not loss_rescaled([(1.0, 512), (512.0, 512), (0.5, 512)])  # mean, sum, 0.5 x mean
+    assert loss_rescaled([(1 / 512, 512)])  # the token mean divided by the tokens again
+    assert loss_rescaled([(1 / 64, 512)])  # ... by the batch's 64 rows
+    assert not loss_rescaled([(1 / 8, 512)])  # within sqrt(512) of the mean: a loss weight
+
+
+def test_each_setting_check_skips_unread_passes_the_usual_range_and_warns_outside():
+    assert set(statuses(facts()).values()) == {"skip"}
+    usual = facts(adam_eps=1e-8, grad_rms=1e-3, dropout_max=(0.1, ["drop"]))
+    usual.single_steps = [(1.0, 512)]
+    assert statuses(usual) == dict.fromkeys(CHECKS, "pass")
+    assert statuses(facts(adam_eps=0.1, grad_rms=1e-3))["adam_eps"] == "warn"
+    assert statuses(facts(dropout_max=(0.9, ["drop"])))["dropout_rate"] == "warn"
+    assert statuses(facts(single_steps=[(1 / 512, 512)]))["loss_divided_twice"] == "fail"
+    sgd = facts(optimizer="SGD", adam_eps=0.1, grad_rms=1e-3)  # no eps in SGD's step
+    assert statuses(sgd)["adam_eps"] == "skip"
+
+
+def findings(found: LiveFacts, loss: list[tuple[int, float]]) -> list[str]:
+    checks = [c.__dict__ for c in live_checks(found)]
+    evidence = Evidence(static=checks, series={"train/loss": loss})
+    return [f.id for f in triage(evidence).findings]
+
+
+FALLING = [(step, 4.0 * 0.9**step) for step in range(20)]  # dropped 85%
+FLAT = [(step, 4.0 - 0.01 * step) for step in range(20)]  # dropped 5%: the harm predicted
+
+
+@pytest.mark.parametrize(
+    ("finding", "setting"),
+    [
+        ("adam_eps_too_large", {"adam_eps": 0.1, "grad_rms": 1e-3}),
+        ("dropout_rate_inverted", {"dropout_max": (0.9, ["drop"])}),
+    ],
+)
+def test_a_setting_outside_its_range_is_a_finding_only_with_the_harm_it_predicts(finding, setting):
+    assert finding not in findings(facts(**setting), FALLING)
+    assert findings(facts(**setting), FLAT)[0] == finding
+
+
+def test_a_rescaled_loss_is_a_finding_by_itself():
+    assert findings(facts(single_steps=[(1 / 512, 512)]), FALLING)[0] == "loss_divided_twice"
+
+
+class TinyLM(nn.Module):
+    def __init__(self, dropout: float):
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = nn.Embedding(16, 32)
+        self.layer = nn.TransformerEncoderLayer(32, 2, 64, dropout, batch_first=True)
+        self.head = nn.Linear(32, 16)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        mask = nn.Transformer.generate_square_subsequent_mask(ids.shape[1])
+        return self.head(self.layer(self.embed(ids), src_mask=mask, is_causal=True))
+
+
+@pytest.fixture
+def uri(workdir, monkeypatch) -> str:
+    monkeypatch.delenv("MLFLOW_RUN_ID", raising=False)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{workdir}/mlflow.db")
+    return os.environ["MLFLOW_TRACKING_URI"]
+
+
+def probed(bug: str = "") -> dict[str, dict]:
+    """A plain loop with one report's setting planted: the three checks as the probe recorded."""
+    model = TinyLM(0.9 if bug == "keep_prob_as_p" else 0.1)  # keras-deeplab-v3-plus#4
+    eps = 0.1 if bug == "eps" else 1e-8  # mlpnlp-nmt#4
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, eps=eps)
+    probe = Probe(model, optimizer, step_unit="steps", every_steps=0)
+    rng = torch.Generator().manual_seed(1)
+    for _ in range(4):
+        tokens = torch.randint(16, (4, 13), generator=rng)
+        logits = model(tokens[:, :-1]).flatten(0, 1)
+        total = F.cross_entropy(logits, tokens[:, 1:].flatten(), reduction="sum")
+        loss = total / total.new_tensor(48.0)
+        if bug == "averaged_twice":  # PyTorch-YOLOv3#137: the mean divided by the count again
+            loss = loss / 48
+        loss.backward()
+        probe.after_backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+    probe.close()
+    tags = MlflowClient().get_run(probe.run_id).data.tags
+    return {c["id"]: c for c in json.loads(tags[L0_TAG]) if c["id"] in CHECKS}
+
+
+def test_through_the_probe_each_planted_setting_is_read_and_only_it(uri):
+    healthy = probed()
+    assert {k: c["status"] for k, c in healthy.items()} == dict.fromkeys(CHECKS, "pass")
+    assert healthy["adam_eps"]["value"] < 1e-3  # eps 1e-8 against gradients of ~1e-2
+    eps = probed("eps")
+    assert eps["adam_eps"]["status"] == "warn" and eps["adam_eps"]["value"] > 1
+    assert eps["dropout_rate"]["status"] == eps["loss_divided_twice"]["status"] == "pass"
+    dropout = probed("keep_prob_as_p")
+    assert dropout["dropout_rate"]["status"] == "warn" and dropout["dropout_rate"]["value"] == 0.9
+    assert "layer.dropout" in dropout["dropout_rate"]["why"]
+    twice = probed("averaged_twice")
+    assert twice["loss_divided_twice"]["status"] == "fail"
+    assert "weigh 0.0208" in twice["loss_divided_twice"]["why"]  # 1/48 of a mean's weight
