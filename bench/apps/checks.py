@@ -1,6 +1,9 @@
 """The probe's L0 checks on the app benchmark's healthy configs (python -m bench.apps.checks
-WORKDIR...): what each healthy entry's baseline runs recorded (tag hyprun.l0_checks), read back
-from the MLflow stores a `python -m bench.apps --workdir WORKDIR` run left. Every check that is
+[--rerun DRAW] WORKDIR...): what each healthy entry's baseline runs recorded (tag
+hyprun.l0_checks), read back from the MLflow stores a `python -m bench.apps --workdir WORKDIR`
+run left; `--rerun DRAW` first runs that draw's healthy entries again into WORKDIR (baselines
+only, nothing scored), so checks added since the draw was scored are read on the same configs
+and data seeds. Every check that is
 not an L0 warning of the config (LR band, warmup, decay, clipping, betas: those read the app's
 own choices) is an invariant: any fail or warn on a healthy config is a false alarm. Writes
 bench/corpus/results/invariants_apps.json (the invariants' foreign healthy population)."""
@@ -45,9 +48,29 @@ def recorded_checks(folder: Path) -> dict[str, dict[str, str]]:
     return found
 
 
+def rerun_healthy(draw: Path, workdir: Path) -> None:
+    """A draw's healthy entries run again into `workdir`: baseline and diagnosis, as scored."""
+    import numpy as np
+
+    from bench.apps.run import entry_folder, run_entry
+    from bench.apps.schema import load_table
+    from bench.apps.split import load_split
+    from bench.diagnosis.run import worker_setup
+    from hyprun.runner.provenance import git_state
+
+    worker_setup(1, git_state()[0])
+    table, rng = load_table(), np.random.default_rng(26)
+    for entry in load_split(draw)["heldout"]:
+        if entry.family is None:
+            run_entry(table, entry, entry_folder(workdir.resolve(), entry.id, entry.seed), rng)
+
+
 def main(argv: list[str]) -> int:
-    if not argv:
-        print("usage: python -m bench.apps.checks WORKDIR [WORKDIR...]", file=sys.stderr)
+    if argv[:1] == ["--rerun"] and len(argv) >= 3:
+        rerun_healthy(Path(argv[1]), Path(argv[2]))
+        argv = argv[2:]
+    if not argv or argv[0].startswith("-"):
+        print("usage: python -m bench.apps.checks [--rerun DRAW] WORKDIR...", file=sys.stderr)
         return 2
     table, alarms = {}, 0
     for workdir in map(Path, argv):
