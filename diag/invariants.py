@@ -72,15 +72,6 @@ REPEAT_TOL = 1e-4
 randomness left (fp32 on one device repeats bit for bit; reduction order on some GPUs moves
 the 7th digit; the healthy runs read exactly 0). Dropout still drawing at evaluation moves it
 by its own noise: 1.2e-3 for p = 0.1 on the corpus loop's embeddings (128 held-out rows)."""
-ADAM_EPS_SCALE = 1.0
-"""Adam divides each step by sqrt(v) + eps, sqrt(v) being a parameter's gradient scale: eps is
-there to keep the division finite and is meant to be negligible (1e-8 against gradients of
-1e-5 to 1e-1 per element). At eps equal to the gradient's RMS per element the step is already
-halved; above it Adam turns into SGD at LR / eps, steps shrunk by the ratio."""
-DROPOUT_MAX = 0.5
-"""A dropout rate above one half drops more activations than it keeps: transformers train at
-0-0.3, a classifier's dense layers at 0.5 at most. A keep probability ported as the rate
-(Keras/TF1 keep_prob=0.9 passed as p) lands at 0.7-0.95."""
 FUTURE_TOL = 1e-4
 """A causal model's output at position t reads only the inputs up to t: changing later input
 ids leaves the earlier outputs bit for bit as they were (masked scores add exactly 0). Without

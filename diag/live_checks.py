@@ -375,12 +375,12 @@ def _gradient_reach(facts: LiveFacts, rule: dict) -> Check:
 
 def _adam_eps(facts: LiveFacts, rule: dict) -> Check:
     """eps against the first gradient's scale per element; the value is their ratio."""
-    threshold = f"eps <= {invariants.ADAM_EPS_SCALE:g} x the gradient's RMS per element"
+    threshold = f"eps <= {rule['warn_above']:g} x the gradient's RMS per element"
     adam = facts.optimizer in static_table()["optimizer_families"]["adam"]
     if not adam or facts.adam_eps is None or not facts.grad_rms:
         return _check(rule, "skip", "skip", None, threshold)
     ratio = float(f"{facts.adam_eps / facts.grad_rms:.3g}")
-    if ratio <= invariants.ADAM_EPS_SCALE:
+    if ratio <= rule["warn_above"]:
         return _check(rule, "pass", "pass", ratio, threshold)
     fields = {"eps": facts.adam_eps, "ratio": ratio, "rms": facts.grad_rms}
     return _check(rule, "warn", "high", ratio, threshold, **fields)
@@ -388,11 +388,11 @@ def _adam_eps(facts: LiveFacts, rule: dict) -> Check:
 
 def _dropout_rate(facts: LiveFacts, rule: dict) -> Check:
     """The model's largest dropout rate; the value is that rate."""
-    threshold = f"p <= {invariants.DROPOUT_MAX:g}"
+    threshold = f"p <= {rule['warn_above']:g}"
     if facts.dropout_max is None:
         return _check(rule, "skip", "skip", None, threshold)
     rate, names = facts.dropout_max
-    if rate <= invariants.DROPOUT_MAX:
+    if rate <= rule["warn_above"]:
         return _check(rule, "pass", "pass", rate, threshold)
     return _check(rule, "warn", "high", rate, threshold, p=rate, names=_names(names))
 

@@ -193,6 +193,8 @@ class LiveSetting(Rule):
     """An optimizer or model setting read off the live run, against the range it works in."""
 
     outcomes = ("pass", "skip", "high")
+    warn_above: float
+    """The check's value above which the setting is outside that range."""
 
 
 class EvalAtTrain(Rule):
