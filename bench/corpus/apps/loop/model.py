@@ -26,6 +26,11 @@ class TinyLM(nn.Module):
     layer_norm_wrong_dim = False
     """On (bug.layer_norm_wrong_dim): the final LayerNorm normalises over the sequence and the
     features together, not over the features of each position."""
+    attention_unscaled = False
+    """On (bug.attention_unscaled): attention scores q.k are not divided by sqrt(head_dim)."""
+    ffn_activation_missing = False
+    """On (bug.ffn_activation_missing): the feed-forward block has no nonlinearity between its
+    two linear layers."""
 
     def __init__(
         self,
@@ -61,6 +66,9 @@ class TinyLM(nn.Module):
                 h = layer._sa_block(layer.norm1(h), self.mask[:t, :t], None, is_causal=True)
                 h = h + h
                 h = h + layer._ff_block(layer.norm2(h))
+        elif self.layers_by_hand:
+            for layer in self.encoder.layers:
+                h = self.layer_by_hand(layer, h, self.mask[:t, :t])
         elif self.causal:
             h = self.encoder(h, mask=self.mask[:t, :t], is_causal=True)
         else:  # no src mask, as in pytorch/tutorials#2478: the next token is in view
@@ -71,3 +79,35 @@ class TinyLM(nn.Module):
             h = F.layer_norm(h, h.shape[1:], eps=self.ln_f.eps)  # (geometric-algebra-transformer#8)
             return self.head(h * self.ln_f.weight + self.ln_f.bias)
         return self.head(self.ln_f(h))
+
+    @property
+    def layers_by_hand(self) -> bool:
+        """A bug flag that changes a line inside the encoder layers is on."""
+        return self.attention_unscaled or self.ffn_activation_missing
+
+    def layer_by_hand(self, layer: nn.TransformerEncoderLayer, h, mask) -> torch.Tensor:
+        """One pre-norm encoder layer written out (torch's own, norm_first), with the lines
+        the bug flags change."""
+        h = h + self.attention(layer, layer.norm1(h), mask)
+        return h + self.feed_forward(layer, layer.norm2(h))
+
+    def attention(self, layer: nn.TransformerEncoderLayer, h, mask) -> torch.Tensor:
+        """Causal multi-head self-attention with the layer's weights (its _sa_block)."""
+        if not self.attention_unscaled:
+            return layer._sa_block(h, mask, None, is_causal=True)
+        attn = layer.self_attn
+        b, t, d = h.shape
+        heads = attn.num_heads
+        q, k, v = F.linear(h, attn.in_proj_weight, attn.in_proj_bias).chunk(3, dim=-1)
+        q, k, v = (z.reshape(b, t, heads, d // heads).transpose(1, 2) for z in (q, k, v))
+        drop = attn.dropout if self.training else 0.0
+        # scale=1.0: q.k not divided by sqrt(head_dim) (PAIR-code/tiny-transformers#71)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=drop, scale=1.0)
+        out = attn.out_proj(out.transpose(1, 2).reshape(b, t, d))
+        return layer.dropout1(out)
+
+    def feed_forward(self, layer: nn.TransformerEncoderLayer, h) -> torch.Tensor:
+        """The layer's feed-forward block (its _ff_block)."""
+        if self.ffn_activation_missing:  # Linear, dropout, Linear: no ReLU (YujiaBao/ls#1)
+            return layer.dropout2(layer.linear2(layer.dropout(layer.linear1(h))))
+        return layer._ff_block(h)

@@ -41,10 +41,17 @@ def build(cfg: DictConfig) -> tuple:
     model.encoder_output_detached = bug.encoder_output_detached
     model.residual_overwritten = bug.residual_overwritten
     model.layer_norm_wrong_dim = bug.layer_norm_wrong_dim
+    model.attention_unscaled = bug.attention_unscaled
+    model.ffn_activation_missing = bug.ffn_activation_missing
+    if bug.layer_norm_init_random:  # huggingface/transformers#143: init_bert_weights
+        norms_drawn_like_weights(model)
     if cfg.bug.frozen_except_norm:  # PyTorch forum 84911: every weight but the norms frozen
         for name, parameter in model.named_parameters():
             parameter.requires_grad = "norm" in name or "ln_" in name
     new_head = torch.nn.Linear(m.d_model, cfg.data.vocab)  # a fresh head, as in fine-tuning
+    if bug.init_std_one:  # initializer_range 1.0 where 0.02 was meant (young-geng/EasyLM#114)
+        for module in (model, new_head):
+            weights_drawn_like(module, std=1.0)
     if not cfg.bug.head_not_in_optimizer:
         model.head = new_head
     optimizer = make_optimizer(cfg, model)
@@ -57,6 +64,28 @@ def build(cfg: DictConfig) -> tuple:
         return model, optimizer, cosine_schedule(cfg, optimizer)
     schedule = torch.optim.lr_scheduler.StepLR(optimizer, cfg.sched.every_epochs, cfg.sched.gamma)
     return model, optimizer, schedule
+
+
+def norms_drawn_like_weights(model: torch.nn.Module, std: float = 0.02) -> None:
+    """Every LayerNorm's gain and bias re-drawn from N(0, std), as the weights are, instead of
+    ones and zeros (BERT's init applied to its LayerNorm too)."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.LayerNorm):
+            module.weight.data.normal_(mean=0.0, std=std)
+            module.bias.data.normal_(mean=0.0, std=std)
+
+
+def weights_drawn_like(module: torch.nn.Module, std: float) -> None:
+    """Every linear weight (attention projections included) drawn from N(0, std), biases zero:
+    a GPT-style init with its initializer range."""
+    for sub in module.modules():
+        if isinstance(sub, torch.nn.Linear):
+            sub.weight.data.normal_(mean=0.0, std=std)
+            if sub.bias is not None:
+                sub.bias.data.zero_()
+        elif isinstance(sub, torch.nn.MultiheadAttention):
+            sub.in_proj_weight.data.normal_(mean=0.0, std=std)
+            sub.in_proj_bias.data.zero_()
 
 
 def cosine_schedule(cfg: DictConfig, optimizer) -> torch.optim.lr_scheduler.LambdaLR:
@@ -72,16 +101,23 @@ def cosine_schedule(cfg: DictConfig, optimizer) -> torch.optim.lr_scheduler.Lamb
         cycle, within = divmod(step, horizon)
         return RESTART_GAMMA**cycle * 0.5 * (1 + math.cos(math.pi * within / horizon))
 
+    if cfg.bug.lambda_returns_lr:  # the lambda returns the LR, not a factor (lhoyer/MIC#60):
+        return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: cfg.optim.lr * factor(s))
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
 def make_optimizer(cfg: DictConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
     o, bug = cfg.optim, cfg.bug
     params = model.parameters() if o.layer_decay == 1 else layer_groups(model, o.layer_decay)
+    if o.name == "sgd" and bug.weight_decay_as_momentum:  # SGD(params, lr, weight_decay):
+        return torch.optim.SGD(params, o.lr, o.weight_decay)  # 3rd is momentum (YudeWang/SEAM#21)
     if o.name == "sgd":
         return torch.optim.SGD(params, lr=o.lr, momentum=o.momentum, weight_decay=o.weight_decay)
     if bug.adam_eps_too_large:  # eps=0.1 where 1e-8 was meant (mlpnlp/mlpnlp-nmt#4)
         return torch.optim.AdamW(params, lr=o.lr, weight_decay=o.weight_decay, eps=0.1)
+    if bug.adam_beta2_inverted:  # 0.999 given where 1 - beta2 was read (mila-iqia/blocks#1159)
+        betas = (0.9, 1 - 0.999)
+        return torch.optim.AdamW(params, lr=o.lr, weight_decay=o.weight_decay, betas=betas)
     return torch.optim.AdamW(params, lr=o.lr, weight_decay=o.weight_decay)
 
 
@@ -122,6 +158,8 @@ def step_loss(model, micro: list, bug, accum: int, smoothing: float = 0.0) -> fl
     losses = [token_loss(model(x), x, y, bug, smoothing) for x, y in micro]
     step_tokens = sum(count for _, count in losses)
     for total, count in losses:
+        if bug.accum_grads_zeroed:  # zero_grad inside the micro-batch loop (bytetriper/RAE#67)
+            model.zero_grad(set_to_none=True)
         if bug.accum_loss_not_divided:  # each micro-batch's mean, summed over the step
             scaled = total / count
         elif bug.accum_mean_of_means:  # the mean of micro-batch means (transformers #34191)
