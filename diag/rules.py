@@ -88,9 +88,11 @@ class Warmup(Rule):
 
 
 class AdamBetas(Rule):
-    outcomes = ("pass", "high_beta2", "invalid", "not_transformer", "not_adam")
+    outcomes = ("pass", "high_beta2", "low_beta2", "invalid", "not_transformer", "not_adam")
     warn_beta2_above: float
     """beta2 above this averages the second moment over too many steps."""
+    warn_beta2_below: float
+    """beta2 below this averages it over too few: each step divides by its own gradient."""
 
 
 class WeightDecay(Rule):

@@ -205,14 +205,19 @@ def check_warmup(cfg: dict, sample: DataSample, device: DeviceInfo | None, rule:
 
 
 def check_betas(cfg: dict, sample: DataSample, device: DeviceInfo | None, rule: Rule) -> Check:
-    """beta2 above 0.99 makes Adam's v too slow to follow a transformer's gradient changes."""
+    """beta2 above 0.99 makes Adam's v too slow to follow a transformer's gradient changes;
+    below 0.9 it is hardly an average at all."""
     limit = rule["warn_beta2_above"]
-    threshold = f"0 <= beta1, beta2 < 1; beta2 <= {limit} on a transformer"
+    low = rule["warn_beta2_below"]
+    threshold = f"0 <= beta1 < 1, {low:g} <= beta2 < 1; beta2 <= {limit} on a transformer"
     if _family(cfg) != "adam":
         return _result(rule, "skip", "not_adam", None, threshold)
     beta1, beta2 = (float(b) for b in _get(cfg, "optim.betas", (0.9, 0.999)))
     if not (0 <= beta1 < 1 and 0 <= beta2 < 1):
         return _result(rule, "fail", "invalid", beta2, threshold)
+    if beta2 < rule["warn_beta2_below"]:  # any model: it is Adam's own averaging that is gone
+        steps = 1 / (1 - beta2)
+        return _result(rule, "warn", "low_beta2", beta2, threshold, beta2=beta2, steps=steps)
     if _get(cfg, "model.n_head", None) is None:
         return _result(rule, "skip", "not_transformer", beta2, threshold)
     if beta2 > limit:
