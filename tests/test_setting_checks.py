@@ -70,7 +70,7 @@ FLAT = [(step, 4.0 - 0.01 * step) for step in range(20)]  # dropped 5%: the harm
     [
         ("adam_eps_too_large", {"adam_eps": 0.1, "grad_rms": 1e-3}),
         ("dropout_rate_inverted", {"dropout_max": (0.9, ["drop"])}),
-        ("static.adam_betas", {"betas": (0.9, 0.001)}),  # mila-iqia/blocks#1159
+        ("adam_beta2_too_low", {"betas": (0.9, 0.001)}),  # mila-iqia/blocks#1159
     ],
 )
 def test_a_setting_outside_its_range_is_a_finding_only_with_the_harm_it_predicts(finding, setting):
@@ -85,7 +85,7 @@ def test_beta2_warns_below_every_recipe_and_only_a_low_one_reads_as_the_cause():
     assert usual.status != "warn"
     high = facts(betas=(0.9, 0.999), heads=4)  # the high-beta2 warning: spikes, not this row
     assert [c.status for c in live_checks(high) if c.id == "adam_betas"] == ["warn"]
-    assert "static.adam_betas" not in findings(high, FLAT)
+    assert "adam_beta2_too_low" not in findings(high, FLAT)
 
 
 def test_a_first_loss_far_above_the_uniform_guess_reads_as_an_init_too_large():
