@@ -156,3 +156,14 @@ def test_through_the_probe_each_planted_setting_is_read_and_only_it(uri):
     twice = probed("averaged_twice")
     assert twice["loss_divided_twice"]["status"] == "fail"
     assert "weigh 0.0208" in twice["loss_divided_twice"]["why"]  # 1/48 of a mean's weight
+
+
+def test_first_loss_ratios_reads_each_probed_run_of_a_benchmark_workdir(workdir, monkeypatch):
+    from bench.first_loss import first_loss_ratios
+
+    (workdir / "entry").mkdir()
+    monkeypatch.delenv("MLFLOW_RUN_ID", raising=False)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{workdir}/entry/mlflow.db")
+    probed()
+    [(ratio, folder)] = first_loss_ratios(workdir)
+    assert folder == "entry" and 0.9 < ratio < 1.1  # a fresh model: near the uniform guess
