@@ -20,6 +20,12 @@ from dataclasses import dataclass
 STALE_GRAD_TOL = 0.0
 """A gradient at the start of a step (before its first backward) must be exactly zero or
 absent: zero_grad() sets None or 0, so any non-zero value is left over from an earlier step."""
+EMPTIED_SHARE = 0.5
+"""Share of a step's later backwards (micro-batches after its first) that found their
+parameter's .grad empty, above which the step's earlier micro-batches were discarded. Under
+accumulation each later backward adds to what the earlier ones left, which is zero only where a
+whole tensor's gradient was exactly zero; a zero_grad() inside the micro-batch loop empties all
+of them (share 1)."""
 LABEL_MATCH = 0.9
 """Share of a cross-entropy call's targets that equal the input token a fixed number of
 positions later, from which the targets are read as the inputs shifted by that offset. A target
@@ -119,6 +125,22 @@ def stale_gradients(norm_at_step_start: Mapping[int, float]) -> list[Violation]:
         Violation("grads_reset_between_steps", f"step {step}", f"|grad| = {norm:.3g} at start")
         for step, norm in norm_at_step_start.items()
         if not math.isfinite(norm) or norm > STALE_GRAD_TOL
+    ]
+
+
+def accumulation_discarded(emptied: Mapping[int, tuple[int, int]]) -> list[Violation]:
+    """Optimizer steps whose later micro-batches found the earlier ones' gradients gone: each
+    step then trains on its last micro-batch alone. `emptied`: by optimizer step, (later
+    backwards that found their parameter's .grad None or all zero, later backwards). Hook: the
+    same tensor hook as stale_gradients, on each backward of a step after its first."""
+    return [
+        Violation(
+            "gradients_accumulate_within_a_step",
+            f"step {step}",
+            f"{empty} of {later} parameters found .grad emptied before a later micro-batch's add",
+        )
+        for step, (empty, later) in emptied.items()
+        if later and empty / later > EMPTIED_SHARE
     ]
 
 

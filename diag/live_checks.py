@@ -80,6 +80,9 @@ class LiveFacts:
     stale_grads: dict[int, float] = field(default_factory=dict)
     """By checked optimizer step: the norm of the gradients already there at its first
     backward (0 when zero_grad ran)."""
+    emptied_grads: dict[int, tuple[int, int]] = field(default_factory=dict)
+    """By checked optimizer step of several micro-batches: (later backwards that found their
+    parameter's .grad emptied, later backwards) (invariants.accumulation_discarded)."""
     eval_at_train: list[str] = field(default_factory=list)
     """Dropout/batch-norm modules in eval mode at a forward an optimizer step trained on."""
     train_at_eval: list[str] = field(default_factory=list)
@@ -192,6 +195,11 @@ def invariant_checks(facts: LiveFacts, rules: dict) -> list[Check]:
     frozen = invariants.mostly_frozen(facts.trainable_elements, facts.total_elements)
     return [
         _violations(rules["grads_not_reset"], stale if facts.stale_grads else None, "fail"),
+        _violations(
+            rules["accumulation_grads_discarded"],
+            invariants.accumulation_discarded(facts.emptied_grads) if facts.emptied_grads else None,
+            "fail",
+        ),
         _named_list(rules["eval_mode_in_training"], facts.eval_at_train, "eval_mode", "fail"),
         _named_list(rules["eval_in_train_mode"], facts.train_at_eval, "train_mode", "fail"),
         _violations(rules["params_frozen"], frozen if facts.total_elements else None, "warn"),

@@ -236,6 +236,7 @@ class Checks(Strict):
     optimizer_coverage: OptimizerCoverage
     gradient_reach: GradientReach
     grads_not_reset: Invariant
+    accumulation_grads_discarded: Invariant
     eval_mode_in_training: EvalAtTrain
     eval_in_train_mode: TrainAtEval
     params_frozen: Invariant

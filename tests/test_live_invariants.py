@@ -39,6 +39,11 @@ def test_each_invariant_check_passes_healthy_facts_and_fails_the_violated_one():
     assert healthy["eval_in_train_mode"] == healthy["params_frozen"] == "pass"
     assert healthy["lr_schedule_collapse"] == healthy["replicas_disagree"] == "skip"
     assert by_id(healthy_facts(stale_grads={0: 0.0, 1: 0.3}))["grads_not_reset"] == "fail"
+    assert healthy["accumulation_grads_discarded"] == "skip"  # no step of several backwards
+    kept = healthy_facts(emptied_grads={0: (0, 4), 1: (1, 4)})  # one tensor's gradient was 0
+    assert by_id(kept)["accumulation_grads_discarded"] == "pass"
+    emptied = healthy_facts(emptied_grads={0: (0, 4), 1: (4, 4)})
+    assert by_id(emptied)["accumulation_grads_discarded"] == "fail"
     assert by_id(healthy_facts(eval_at_train=["drop"]))["eval_mode_in_training"] == "fail"
     assert by_id(healthy_facts(train_at_eval=["drop"]))["eval_in_train_mode"] == "fail"
     assert by_id(healthy_facts(trainable_elements=10))["params_frozen"] == "warn"  # 99% frozen
@@ -78,6 +83,8 @@ def loop(uri: str, bug: str = "", total_steps: int | None = None) -> dict[str, d
     for step in range(STEPS):
         x = torch.randn(4, 8, generator=rng)
         for _ in range(2):  # two accumulation micro-batches: the second adds on purpose
+            if bug == "accum_grads_zeroed":  # zero_grad inside the micro-batch loop (RAE#67)
+                optimizer.zero_grad()
             loss = model(x, x.sum(1, keepdim=True)) / 2
             loss.backward()
         probe.after_backward(loss)
@@ -104,7 +111,12 @@ def uri(workdir, monkeypatch) -> str:
     return os.environ["MLFLOW_TRACKING_URI"]
 
 
-INVARIANTS = ["grads_not_reset", "eval_mode_in_training", "eval_in_train_mode"]
+INVARIANTS = [
+    "grads_not_reset",
+    "accumulation_grads_discarded",
+    "eval_mode_in_training",
+    "eval_in_train_mode",
+]
 
 
 def test_a_healthy_loop_with_accumulation_and_evaluation_breaks_no_invariant(uri):
@@ -118,6 +130,7 @@ def test_a_healthy_loop_with_accumulation_and_evaluation_breaks_no_invariant(uri
     ("bug", "check"),
     [
         ("zero_grad_missing", "grads_not_reset"),
+        ("accum_grads_zeroed", "accumulation_grads_discarded"),
         ("eval_mode_left_on", "eval_mode_in_training"),
         ("eval_without_eval_mode", "eval_in_train_mode"),
         ("scheduler_per_batch", "lr_schedule_collapse"),
@@ -154,6 +167,9 @@ def test_a_failed_invariant_is_a_finding_named_by_the_corpus_cause_id():
     assert [f.id for f in findings] == ["params_not_in_optimizer", "grads_not_reset"]
     frozen = [c.__dict__ for c in live_checks(healthy_facts(trainable_elements=10))]
     assert not triage(Evidence(static=frozen)).findings  # a warning alone is no finding
+    emptied = healthy_facts(emptied_grads={0: (4, 4)})
+    checks = [c.__dict__ for c in live_checks(emptied)]
+    assert triage(Evidence(static=checks)).findings[0].id == "accumulation_grads_discarded"
 
 
 def test_mostly_frozen_is_a_finding_only_with_the_flat_loss_it_predicts():

@@ -188,6 +188,7 @@ def test_lightnings_accumulation_keeps_the_losss_scale(workdir, monkeypatch, acc
     )
     checks = {c["id"]: c for c in json.loads(tags.data.tags[L0_TAG])}
     assert checks["accumulation_loss_scale"]["status"] == status, checks["accumulation_loss_scale"]
+    assert checks["accumulation_grads_discarded"]["status"] == status  # each adds to the last
     assert checks["labels_misaligned"]["status"] == "pass"
     assert checks["clip_ineffective"]["status"] == "skip"  # Lightning clips in its own step
     assert checks["repeated_batch"]["status"] == "pass"  # a new batch each step

@@ -40,6 +40,7 @@ PROBE_CHECKS = (
     "functional_dropout_in_eval",
     "causal_mask_missing",
     "loss_divided_twice",
+    "accumulation_grads_discarded",
     "adam_eps",
     "dropout_rate",
 )

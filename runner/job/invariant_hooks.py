@@ -176,6 +176,12 @@ class InvariantHooks:
         """Mode modules in train mode at a forward without gradients (an evaluation)."""
         self.stale: dict[int, float] = {}
         """By checked step: the norm of the gradients already there at its first backward."""
+        self.read_accumulation = False
+        """Whether later backwards of a step read the .grad they add to (a torch optimizer's
+        parameters: a DeepSpeed ZeRO optimizer moves gradients out of .grad after each one)."""
+        self.emptied: dict[int, tuple[int, int]] = {}
+        """By checked step of several backwards: (later backwards that found their parameter's
+        .grad None or all zero, later backwards) (invariants.accumulation_discarded)."""
         self.lrs: list[float] = []
         """The LR (group 0) after each optimizer step."""
         self.loss_inputs: list[tuple[float, float, float]] = []
@@ -213,6 +219,7 @@ class InvariantHooks:
         self._last_train_modes: set[str] = set()
         self._seen: set[int] = set()
         self._stale_sum = 0.0
+        self._later, self._emptied = 0, 0
         self._loss_mode: LossInputs | None = None
         self._inputs: torch.Tensor | None = None
         self._mask: torch.Tensor | None = None
@@ -247,8 +254,13 @@ class InvariantHooks:
 
     def _before_accumulation(self, parameter: nn.Parameter):
         def hook(grad: torch.Tensor) -> None:
-            if not self.checked_steps(self._step) or id(parameter) in self._seen:
-                return  # not a checked step, or a later backward of it (accumulation)
+            if not self.checked_steps(self._step):
+                return
+            if id(parameter) in self._seen:  # a later backward of the step: accumulation
+                if self.read_accumulation:
+                    self._later += 1
+                    self._emptied += parameter.grad is None or not bool(parameter.grad.any())
+                return
             self._seen.add(id(parameter))
             if parameter.grad is not None:
                 self._stale_sum += float(parameter.grad.detach().float().pow(2).sum())
@@ -318,7 +330,10 @@ class InvariantHooks:
         self.loss_read_done()
         if self._seen:
             self.stale[self._step] = math.sqrt(self._stale_sum)
+        if self._later:
+            self.emptied[self._step] = (self._emptied, self._later)
         self._seen, self._stale_sum = set(), 0.0
+        self._later, self._emptied = 0, 0
         self.eval_at_train |= self._last_train_modes
         if self.read_step_norms and self._step < LOSS_READ_STEPS:
             grads = [p.grad for p in self.model.parameters() if p.grad is not None]

@@ -228,6 +228,7 @@ class Probe:
         self.invariants.read_step_norms = hook_optimizer and isinstance(
             optimizer, torch.optim.Optimizer
         )
+        self.invariants.read_accumulation = isinstance(unwrapped(optimizer), torch.optim.Optimizer)
         self.schedule = probes.ProbeSchedule(every_steps, max_overhead, free_probes)
         self._decided_step, self._probing = -1, False
         self._closed = False
@@ -930,6 +931,7 @@ def read_invariants(
 ) -> None:
     """What the invariant hooks saw so far, into the facts the L0 checks read."""
     facts.stale_grads = dict(hooks.stale)
+    facts.emptied_grads = dict(hooks.emptied)
     facts.eval_at_train = sorted(hooks.eval_at_train)
     facts.train_at_eval = sorted(hooks.train_at_eval)
     facts.trainable_elements, facts.total_elements = hooks.trainable_elements, hooks.total_elements
