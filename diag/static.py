@@ -215,7 +215,7 @@ def check_betas(cfg: dict, sample: DataSample, device: DeviceInfo | None, rule: 
     beta1, beta2 = (float(b) for b in _get(cfg, "optim.betas", (0.9, 0.999)))
     if not (0 <= beta1 < 1 and 0 <= beta2 < 1):
         return _result(rule, "fail", "invalid", beta2, threshold)
-    if beta2 < rule["warn_beta2_below"]:  # any model: it is Adam's own averaging that is gone
+    if beta2 < low:  # any model: it is Adam's own averaging that is gone
         steps = 1 / (1 - beta2)
         return _result(rule, "warn", "low_beta2", beta2, threshold, beta2=beta2, steps=steps)
     if _get(cfg, "model.n_head", None) is None:
