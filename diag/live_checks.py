@@ -29,6 +29,7 @@ from hyprun.diag.static import (
     check_decay_norms,
     check_grad_clip,
     check_lr,
+    check_momentum,
     check_weight_decay,
 )
 
@@ -55,6 +56,8 @@ class LiveFacts:
     """The largest weight decay of the optimizer's groups."""
     betas: tuple[float, float] | None = None
     """Adam's betas of the first group, if it has them."""
+    momentum: float | None = None
+    """SGD's momentum of the first group, if it has one."""
     decayed_norms_biases: list[str] = field(default_factory=list)
     """1-D parameters (norm gains, biases) in a group with weight decay > 0."""
     grad_clip: float | None = None
@@ -155,6 +158,8 @@ def as_job_config(facts: LiveFacts) -> dict:
     }
     if facts.betas is not None:
         optim["betas"] = list(facts.betas)
+    if facts.momentum is not None:
+        optim["momentum"] = facts.momentum
     return {"optim": optim, "model": model, "ds": {"grad_clip": facts.grad_clip or 0.0}}
 
 
@@ -166,6 +171,7 @@ def live_checks(facts: LiveFacts) -> list[Check]:
         check_lr(config, sample, None, rules["lr_plausible"]),
         _warmup(facts, rules["warmup"]),
         check_betas(config, sample, None, rules["adam_betas"]),
+        check_momentum(config, sample, None, rules["sgd_momentum"]),
         check_weight_decay(config, sample, None, rules["weight_decay"]),
         _decay_norms(facts, config, sample, rules["decay_norms_biases"]),
         _grad_clip(facts, config, sample, rules["grad_clip"]),

@@ -95,6 +95,12 @@ class AdamBetas(Rule):
     """beta2 below this averages it over too few: each step divides by its own gradient."""
 
 
+class SgdMomentum(Rule):
+    outcomes = ("pass", "low", "not_sgd")
+    warn_below: float
+    """A momentum above 0 and below this is neither plain SGD nor heavy-ball."""
+
+
 class WeightDecay(Rule):
     outcomes = ("pass", "zero", "high", "unknown")
     adam: DecayRange
@@ -219,6 +225,7 @@ class Checks(Strict):
     lr_plausible: LrPlausible
     warmup: Warmup
     adam_betas: AdamBetas
+    sgd_momentum: SgdMomentum
     weight_decay: WeightDecay
     decay_norms_biases: DecayNormsBiases
     grad_clip: GradClip

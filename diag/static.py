@@ -225,6 +225,17 @@ def check_betas(cfg: dict, sample: DataSample, device: DeviceInfo | None, rule: 
     return _result(rule, "pass", "pass", beta2, threshold)
 
 
+def check_momentum(cfg: dict, sample: DataSample, device: DeviceInfo | None, rule: Rule) -> Check:
+    """SGD's momentum is 0 (plain) or heavy-ball; a value between is a misplaced argument."""
+    threshold = f"momentum == 0 or momentum >= {rule['warn_below']:g}"
+    if _family(cfg) != "sgd":
+        return _result(rule, "skip", "not_sgd", None, threshold)
+    momentum = float(_get(cfg, "optim.momentum", 0.0) or 0.0)
+    if 0 < momentum < rule["warn_below"]:
+        return _result(rule, "warn", "low", momentum, threshold, momentum=momentum)
+    return _result(rule, "pass", "pass", momentum, threshold)
+
+
 def check_weight_decay(
     cfg: dict, sample: DataSample, device: DeviceInfo | None, rule: Rule
 ) -> Check:
@@ -533,6 +544,7 @@ CHECKS: dict[str, CheckFn] = {
     "lr_plausible": check_lr,
     "warmup": check_warmup,
     "adam_betas": check_betas,
+    "sgd_momentum": check_momentum,
     "weight_decay": check_weight_decay,
     "decay_norms_biases": check_decay_norms,
     "grad_clip": check_grad_clip,

@@ -70,6 +70,7 @@ FLAT = [(step, 4.0 - 0.01 * step) for step in range(20)]  # dropped 5%: the harm
     [
         ("adam_eps_too_large", {"adam_eps": 0.1, "grad_rms": 1e-3}),
         ("dropout_rate_inverted", {"dropout_max": (0.9, ["drop"])}),
+        ("momentum_lost", {"optimizer": "SGD", "momentum": 5e-4}),  # YudeWang/SEAM#21
         ("adam_beta2_too_low", {"betas": (0.9, 0.001)}),  # mila-iqia/blocks#1159
     ],
 )
@@ -86,6 +87,15 @@ def test_beta2_warns_below_every_recipe_and_only_a_low_one_reads_as_the_cause():
     high = facts(betas=(0.9, 0.999), heads=4)  # the high-beta2 warning: spikes, not this row
     assert [c.status for c in live_checks(high) if c.id == "adam_betas"] == ["warn"]
     assert "adam_beta2_too_low" not in findings(high, FLAT)
+
+
+def test_sgd_momentum_warns_only_between_plain_and_heavy_ball():
+    def status(momentum: float, optimizer: str = "SGD") -> str:
+        found = facts(optimizer=optimizer, momentum=momentum)
+        return {c.id: c.status for c in live_checks(found)}["sgd_momentum"]
+
+    assert (status(0.0), status(0.9), status(5e-4)) == ("pass", "pass", "warn")
+    assert status(5e-4, optimizer="AdamW") == "skip"
 
 
 def test_a_first_loss_far_above_the_uniform_guess_reads_as_an_init_too_large():

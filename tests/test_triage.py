@@ -1099,6 +1099,7 @@ def test_shipped_tables_load():
 NO_CARD_ROWS = {"noisy_labels", "noisy_labels_flat"} | {  # broken invariants: a code fix
     "grads_not_reset",
     "accumulation_grads_discarded",
+    "momentum_lost",
     "eval_mode_in_training",
     "eval_in_train_mode",
     "lr_schedule_collapse",

@@ -19,8 +19,8 @@ from mlflow.tracking import MlflowClient
 from hyprun.diag.live_checks import L0_TAG
 
 RESULTS = Path(__file__).resolve().parents[1] / "corpus" / "results"
-CONFIG_WARNINGS = {"lr_plausible", "warmup", "adam_betas", "weight_decay", "decay_norms_biases"}
-CONFIG_WARNINGS |= {"grad_clip", "tokens_per_step"}
+CONFIG_WARNINGS = {"lr_plausible", "warmup", "adam_betas", "sgd_momentum", "weight_decay"}
+CONFIG_WARNINGS |= {"decay_norms_biases", "grad_clip", "tokens_per_step"}
 """Checks that judge the config's choices, not the loop: not invariants."""
 
 

@@ -915,6 +915,7 @@ def read_optimizer(facts: LiveFacts, optimizer: Any, named: list[tuple[str, nn.P
     betas = first.get("betas")
     facts.betas = (float(betas[0]), float(betas[1])) if betas is not None else None
     facts.adam_eps = float(first["eps"]) if first.get("eps") is not None else None
+    facts.momentum = float(first["momentum"]) if first.get("momentum") is not None else None
     if not isinstance(optimizer, torch.optim.Optimizer):
         return
     held = {id(p) for g in groups for p in g["params"]}
