@@ -137,7 +137,7 @@ def accumulation_discarded(emptied: Mapping[int, tuple[int, int]]) -> list[Viola
         Violation(
             "gradients_accumulate_within_a_step",
             f"step {step}",
-            f"{empty} of {later} parameters found .grad emptied before a later micro-batch's add",
+            f"{empty} of {later} gradients a later micro-batch added found .grad emptied",
         )
         for step, (empty, later) in emptied.items()
         if later and empty / later > EMPTIED_SHARE

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from hyprun.runner.job.probe import Probe, unwrapped
+from hyprun.runner.job.probe import Probe, keeps_grads
 
 EVAL_LOSS_KEYS = ("eval/loss", "val_loss", "val/loss", "eval_loss", "validation_loss")
 """Names under which a Lightning module logs its held-out loss, first found wins."""
@@ -148,8 +148,7 @@ def _lightning_callback() -> type:
             self.probe = Probe(pl_module, None, watch_forward=False, **options)
             self.probe.optimizer = optimizer
             # Known only now: whether the gradients stay in .grad between micro-batches.
-            reads = isinstance(unwrapped(optimizer), torch.optim.Optimizer)
-            self.probe.invariants.read_accumulation = reads
+            self.probe.invariants.read_accumulation = keeps_grads(optimizer)
             self.steps_seen = trainer.global_step
 
         def on_train_start(self, trainer, pl_module):

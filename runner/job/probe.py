@@ -228,7 +228,7 @@ class Probe:
         self.invariants.read_step_norms = hook_optimizer and isinstance(
             optimizer, torch.optim.Optimizer
         )
-        self.invariants.read_accumulation = isinstance(unwrapped(optimizer), torch.optim.Optimizer)
+        self.invariants.read_accumulation = keeps_grads(optimizer)
         self.schedule = probes.ProbeSchedule(every_steps, max_overhead, free_probes)
         self._decided_step, self._probing = -1, False
         self._closed = False
@@ -898,6 +898,12 @@ def unwrapped(optimizer: Any) -> Any:
     while isinstance(getattr(optimizer, "optimizer", None), torch.optim.Optimizer):
         optimizer = optimizer.optimizer
     return optimizer
+
+
+def keeps_grads(optimizer: Any) -> bool:
+    """Whether the gradients stay in the parameters' .grad between backwards: a torch optimizer
+    (under any trainer's wrapper) does; a DeepSpeed ZeRO optimizer moves them out after each."""
+    return isinstance(unwrapped(optimizer), torch.optim.Optimizer)
 
 
 def read_optimizer(facts: LiveFacts, optimizer: Any, named: list[tuple[str, nn.Parameter]]) -> None:
