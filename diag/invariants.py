@@ -44,6 +44,20 @@ SCHEDULE_COLLAPSE = 1e-3
 common use (cosine, linear, step, WSD) gets there before its last half; StepLR stepped per batch
 instead of per epoch does within a few epochs' worth of steps."""
 FROZEN_SHARE = 0.9
+WARMUP_REACH = 0.5
+"""Share of the schedule's set LR (a torch scheduler's `initial_lr`, OneCycle's `max_lr`) the LR
+must reach within the first half of the run. A linear warmup of W steps reaches half of it at
+W/2, so staying below it until the run's midpoint means a warmup at least as long as the whole
+run (its length in samples, tokens or epochs read as steps), or a warmup scheduler never
+stepped (its first factor, often 0, kept). Recipes warm up over 0-10% of the run."""
+LOST_UPDATE_SHARE = 0.1
+"""Share of the elements with a non-zero gradient that an optimizer step left bit for bit as
+they were, above which the updates are rounding away. An update is lost when it is below half
+the spacing of the weight's floating-point format: fp32 spacing is 1.2e-7 of a weight's size,
+far below any Adam step (about the LR per element) or SGD step at a usable LR, so a healthy
+fp32 run loses none; bf16 spacing is 7.8e-3 of it (a norm gain of 1 moves only by steps of
+0.0078), fp16 9.8e-4, so weights kept in half precision without an fp32 master copy lose most
+updates at common LRs."""
 """Share of a model's parameters (elements) frozen above which a run that also stops learning
 is read as frozen by mistake: an L0 warning (fine-tuning freezes most parameters on purpose)
 that becomes a finding only with the harm it predicts (a flat loss)."""
@@ -287,6 +301,53 @@ def schedule_collapse(lrs: Sequence[float], total_steps: int) -> list[Violation]
                 )
             ]
     return []
+
+
+def warmup_never_ends(lrs: Sequence[float], total_steps: int, set_lr: float) -> list[Violation]:
+    """Through the first half of the run the LR stayed below WARMUP_REACH of the LR its
+    schedule was set to. `lrs`: the LR applied at each step so far (param group 0); judged once
+    the run is past its midpoint. Hook: after each step."""
+    half = total_steps // 2
+    if set_lr <= 0 or len(lrs) <= half:
+        return []
+    reached = max(lrs[: half + 1])
+    if reached >= WARMUP_REACH * set_lr:
+        return []
+    return [
+        Violation(
+            "warmup_never_ends",
+            f"steps 0-{half} of {total_steps}",
+            f"the LR reached at most {reached:.3g}, {reached / set_lr:.2g} of the {set_lr:.3g} "
+            "it was set to",
+        )
+    ]
+
+
+def updates_lost(lost: int, counted: int) -> list[Violation]:
+    """More than LOST_UPDATE_SHARE of the elements with a non-zero gradient came out of an
+    optimizer step unchanged. Hook: the parameters before and after one step with an LR above 0
+    and finite gradients (a loss scaler skips a step whose gradients overflowed)."""
+    if counted <= 0 or lost / counted <= LOST_UPDATE_SHARE:
+        return []
+    return [
+        Violation(
+            "updates_below_precision",
+            "an optimizer step",
+            f"{lost} of {counted} elements with a gradient ({lost / counted:.0%}) left unchanged",
+        )
+    ]
+
+
+def symmetric_weights(identical: Sequence[str]) -> list[Violation]:
+    """Trainable weights on the loss's path whose rows (units) were all still equal after the
+    first optimizer steps. Units with equal incoming weights compute the same output and get
+    the same gradient, so a symmetric init (zeros, one constant) is never broken: the layer
+    learns as a single unit. A zero-initialised head or projection (a common recipe) breaks it
+    at its first step, its output units' gradients differing. Hook: after the third step."""
+    return [
+        Violation("symmetric_init", name, "every row (unit) identical after the first steps")
+        for name in identical
+    ]
 
 
 def mostly_frozen(trainable_elements: int, total_elements: int) -> list[Violation]:

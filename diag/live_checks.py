@@ -138,6 +138,12 @@ class LiveFacts:
     dropout_max: tuple[float, list[str]] | None = None
     """The largest rate of the model's dropout modules and the modules at it; None: none with
     p > 0."""
+    lost_updates: tuple[int, int] | None = None
+    """At the first step read before and after (an LR above 0, finite gradients): (elements with
+    a non-zero gradient the step left unchanged, elements with a non-zero gradient)."""
+    symmetric: list[str] | None = None
+    """Trainable weights on the loss's path (with a .grad) of two or more rows, all rows equal,
+    read at the first probed step from the third on; None: not read."""
     accumulation: list[tuple[int, float, int]] = field(default_factory=list)
     """Per first step split into micro-batches: (micro-batches, total weight of its tokens in
     the backpropagated loss, its tokens) (invariants.accumulation_scale)."""
@@ -262,6 +268,18 @@ def invariant_checks(facts: LiveFacts, rules: dict) -> list[Check]:
             invariants.eval_not_repeatable,
             f"gap <= {invariants.REPEAT_TOL:g}",
         ),
+        _violations(rules["warmup_never_ends"], _warmup_reach(facts), "fail"),
+        _violations(
+            rules["symmetric_init"],
+            invariants.symmetric_weights(facts.symmetric) if facts.symmetric is not None else None,
+            "fail",
+        ),
+        _measured(
+            rules["updates_below_precision"],
+            facts.lost_updates[0] / facts.lost_updates[1] if facts.lost_updates else None,
+            lambda _: invariants.updates_lost(*facts.lost_updates),
+            f"share <= {invariants.LOST_UPDATE_SHARE:g}",
+        ),
         _measured(
             rules["causal_mask_missing"],
             facts.future_influence if _next_token_task(facts) else None,
@@ -269,6 +287,14 @@ def invariant_checks(facts: LiveFacts, rules: dict) -> list[Check]:
             f"move <= {invariants.FUTURE_TOL:g}",
         ),
     ]
+
+
+def _warmup_reach(facts: LiveFacts) -> list[invariants.Violation] | None:
+    """The LR against its set value over the first half of the run: judged once the run, of a
+    known length, is past its midpoint."""
+    if not facts.total_steps or len(facts.lrs) <= facts.total_steps // 2:
+        return None
+    return invariants.warmup_never_ends(facts.lrs, facts.total_steps, facts.peak_lr)
 
 
 def _next_token_task(facts: LiveFacts) -> bool:

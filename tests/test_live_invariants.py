@@ -75,13 +75,27 @@ def loop(uri: str, bug: str = "", total_steps: int | None = None) -> dict[str, d
     """A plain loop with one bug planted; the L0 checks the probe recorded, by id."""
     model = Net()
     model.detached = bug == "hidden_detached"
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    if bug == "constant_init":  # one value for every weight and bias: the units never differ
+        for layer in (model.body[0], model.body[3]):
+            nn.init.constant_(layer.weight, 0.1)
+            nn.init.zeros_(layer.bias)
+        model.body[2].p = 0.0  # dropout's noise would tell the units apart
+    dtype = torch.bfloat16 if bug == "bf16_weights" else torch.float32
+    model.to(dtype)  # bf16 weights and a plain optimizer: no fp32 master copy
+    optimizer = (
+        torch.optim.AdamW(model.parameters(), lr=1e-4)  # a fine-tuning LR
+        if bug == "bf16_weights"
+        else torch.optim.SGD(model.parameters(), lr=0.05)
+    )
     step_size = 1 if bug == "scheduler_per_batch" else 100
     schedule = torch.optim.lr_scheduler.StepLR(optimizer, step_size, gamma=0.01)
-    probe = Probe(model, optimizer, step_unit="steps", every_steps=0, total_steps=total_steps)
+    if bug == "warmup_as_long_as_run":  # a warmup sized in samples, read as steps
+        warmup = STEPS * 4
+        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: (s + 1) / warmup)
+    probe = Probe(model, optimizer, step_unit="steps", every_steps=4, total_steps=total_steps)
     rng = torch.Generator().manual_seed(1)
     for step in range(STEPS):
-        x = torch.randn(4, 8, generator=rng)
+        x = torch.randn(4, 8, generator=rng).to(dtype)
         for _ in range(2):  # two accumulation micro-batches: the second adds on purpose
             if bug == "accum_grads_zeroed":  # zero_grad inside the micro-batch loop (RAE#67)
                 optimizer.zero_grad()
@@ -116,6 +130,9 @@ INVARIANTS = [
     "accumulation_grads_discarded",
     "eval_mode_in_training",
     "eval_in_train_mode",
+    "warmup_never_ends",
+    "updates_below_precision",
+    "symmetric_init",
 ]
 
 
@@ -134,6 +151,9 @@ def test_a_healthy_loop_with_accumulation_and_evaluation_breaks_no_invariant(uri
         ("eval_mode_left_on", "eval_mode_in_training"),
         ("eval_without_eval_mode", "eval_in_train_mode"),
         ("scheduler_per_batch", "lr_schedule_collapse"),
+        ("warmup_as_long_as_run", "warmup_never_ends"),
+        ("bf16_weights", "updates_below_precision"),
+        ("constant_init", "symmetric_init"),
     ],
 )
 def test_each_planted_bug_fails_its_own_check_and_only_it(uri, bug, check):
@@ -306,3 +326,22 @@ def test_probabilities_into_cross_entropy_outranks_the_flat_loss_it_causes():
     findings = triage(Evidence(static=checks, series=series)).findings
     assert findings[0].id == "probabilities_into_cross_entropy", [f.id for f in findings]
     assert "loss_flat" in [f.id for f in findings[1:]]  # the harm it causes, ranked below
+
+
+def test_the_warmup_reach_lost_update_and_symmetry_checks_judge_their_facts_and_become_findings():
+    set_lr = healthy_facts().peak_lr
+    endless = [set_lr * (step + 1) / 200 for step in range(60)]  # a warmup of 200 steps in 100
+    assert by_id(healthy_facts(lrs=endless, total_steps=100))["warmup_never_ends"] == "fail"
+    warmed = [set_lr * min(1.0, (step + 1) / 10) for step in range(60)]
+    assert by_id(healthy_facts(lrs=warmed, total_steps=100))["warmup_never_ends"] == "pass"
+    halfway = healthy_facts(lrs=endless[:40], total_steps=100)  # the first half not done
+    assert by_id(halfway)["warmup_never_ends"] == "skip"
+    assert by_id(healthy_facts(lost_updates=(0, 1000)))["updates_below_precision"] == "pass"
+    assert by_id(healthy_facts(lost_updates=(900, 1000)))["updates_below_precision"] == "fail"
+    for facts, finding in [
+        (healthy_facts(lrs=endless, total_steps=100), "warmup_never_ends"),
+        (healthy_facts(lost_updates=(900, 1000)), "updates_below_precision"),
+        (healthy_facts(symmetric=["body.0.weight"]), "symmetric_init"),
+    ]:
+        checks = [c.__dict__ for c in live_checks(facts)]
+        assert [f.id for f in triage(Evidence(static=checks)).findings] == [finding]

@@ -1120,6 +1120,9 @@ NO_CARD_ROWS = {"noisy_labels", "noisy_labels_flat"} | {  # broken invariants: a
     "loss_divided_twice",
     "adam_eps_too_large",
     "dropout_rate_inverted",
+    "warmup_never_ends",
+    "updates_below_precision",
+    "symmetric_init",
 }
 
 

@@ -43,11 +43,16 @@ PROBE_CHECKS = (
     "accumulation_grads_discarded",
     "adam_eps",
     "dropout_rate",
+    "warmup_never_ends",
+    "updates_below_precision",
+    "symmetric_init",
 )
 """Checks read from the probe's L0 record (they need its step scan, its loss reads or the live
 optimizer and model); a fail or a warning on a healthy run is a false alarm."""
 STREAM_GAPS: dict[str, float] = {}
 """By run: the fair-stream check's mean first-epoch gap (its healthy reference)."""
+LOST_SHARES: dict[str, float] = {}
+"""By run: the share of elements with a gradient a step left unchanged (updates_below_precision)."""
 STATUSES: dict[str, dict[str, str]] = {}
 """By run: each PROBE_CHECKS status (a check skipped on a run is not judged there)."""
 
@@ -76,6 +81,9 @@ def probe_fired(recorder: Recorder, name: str) -> dict[str, list[str]]:
     gap = checks.get("unshuffled_data", {}).get("value")
     if isinstance(gap, int | float) and math.isfinite(gap):
         STREAM_GAPS[name] = gap
+    lost = checks.get("updates_below_precision", {}).get("value")
+    if isinstance(lost, int | float):
+        LOST_SHARES[name] = lost
     STATUSES[name] = {k: checks.get(k, {}).get("status", "absent") for k in PROBE_CHECKS}
     failed = [k for k in PROBE_CHECKS if STATUSES[name][k] in ("fail", "warn")]
     return {k: [checks[k]["why"]] for k in failed}
@@ -176,6 +184,7 @@ def main() -> int:
                 overrides, seed
             )
     healthy_gaps, healthy_statuses = dict(STREAM_GAPS), dict(STATUSES)
+    healthy_lost = dict(LOST_SHARES)
     for row in rows:
         faults[row.id] = fired(row.fault_overrides, 0)
     alarms = {name: sum(bool(f) for f in healthy.values()) for name in ("any",)}
@@ -199,6 +208,10 @@ def main() -> int:
         "| --- | --- |",
         *(f"| {k} | {v:+.4f} |" for k, v in healthy_gaps.items()),
         "",
+        "| healthy run | share of elements with a gradient a step left unchanged |",
+        "| --- | --- |",
+        *(f"| {k} | {v:.3g} |" for k, v in healthy_lost.items()),
+        "",
         "A fault that diverges shows eval_mode_while_evaluating here: the watch sees the probe's",
         "NaN replay (a no-grad forward in train mode), which the probe's own check excludes.",
         "",
@@ -216,6 +229,7 @@ def main() -> int:
                 "healthy": healthy,
                 "faults": faults,
                 "stream_gaps": healthy_gaps,
+                "lost_update_shares": healthy_lost,
                 "probe_statuses": healthy_statuses,
             },
             indent=1,

@@ -455,6 +455,12 @@ class Probe:
         norm, _ = probes.grouped_norms(zip(names, now, strict=True))
         step, _ = probes.grouped_norms(zip(names, delta, strict=True))
         drift, _ = probes.grouped_norms(zip(names, moved, strict=True))
+        if self.facts is not None and self.facts.symmetric is None and self.steps >= 2:
+            self.facts.symmetric = identical_rows(self.named)
+        if self.facts is not None and self.facts.lost_updates is None and self._lr() > 0:
+            self.facts.lost_updates = lost_updates(
+                [self._before[n] for n in names], now, [p.grad for _, p in self.named]
+            )
         metrics = {
             "param/norm": norm,
             "param/update_ratio": step / max(norm, 1e-12),
@@ -665,6 +671,11 @@ class Probe:
     def _params_on_cpu(self) -> dict[str, torch.Tensor]:
         return {n: _full_param(p).detach().float().cpu().clone() for n, p in self.named}
 
+    def _lr(self) -> float:
+        """The LR of the optimizer's first group now (0 without one the probe can read)."""
+        groups = getattr(self.optimizer, "param_groups", None)
+        return float(groups[0]["lr"]) if groups else 0.0
+
     def _device(self) -> torch.device:
         return next(self.model.parameters()).device
 
@@ -747,6 +758,39 @@ def _full_param(param: torch.nn.Parameter) -> torch.Tensor:
 
         return full_param(param)
     return param.data
+
+
+def identical_rows(named: list[tuple[str, nn.Parameter]]) -> list[str]:
+    """Weights on the loss's path (a .grad) of two or more rows (units) whose rows are all
+    equal (a whole DeepSpeed shard is not read)."""
+    identical = []
+    for name, param in named:
+        if param.dim() < 2 or param.shape[0] < 2 or param.grad is None or _uses_deepspeed(param):
+            continue
+        rows = param.detach().reshape(param.shape[0], -1)
+        if bool((rows == rows[:1]).all()):
+            identical.append(name)
+    return identical
+
+
+def lost_updates(
+    before: list[torch.Tensor], after: list[torch.Tensor], grads: list[torch.Tensor | None]
+) -> tuple[int, int] | None:
+    """(elements with a non-zero gradient that a step left unchanged, elements with a non-zero
+    gradient), from the parameters before and after it; None when a gradient is not finite (a
+    loss scaler skipped the step), none is non-zero, or one is not whole (DeepSpeed's)."""
+    lost, counted = 0, 0
+    for old, new, grad in zip(before, after, grads, strict=True):
+        if grad is None or grad.shape != new.shape:
+            if grad is not None:
+                return None
+            continue
+        if not bool(torch.isfinite(grad).all()):
+            return None
+        reached = grad != 0
+        counted += int(reached.sum())
+        lost += int((reached & (new == old.to(new.device))).sum())
+    return (lost, counted) if counted else None
 
 
 def _all_finite(losses: list[torch.Tensor]) -> bool:
