@@ -56,3 +56,15 @@ def batch_order(data: dict, batch: int, seed: int, epoch: int, shuffled: bool) -
     else:
         rows = torch.argsort(data["topic"], stable=True)
     return [rows[i : i + batch] for i in range(0, count - batch + 1, batch)]
+
+
+def weighted_order(data: dict, batch: int, seed: int, epoch: int, per_class: bool) -> list:
+    """One epoch of a WeightedRandomSampler (len(data) draws with replacement) balancing the
+    topics: each row weighted by 1 / its topic's count, or (per_class) the per-topic weights
+    given as they are, so the sampler draws row indices 0 and 1 only."""
+    topic = data["topic"]
+    class_weights = 1.0 / torch.bincount(topic, minlength=2).double()
+    weights = class_weights if per_class else class_weights[topic]
+    generator = torch.Generator().manual_seed(seed * 1000 + epoch)
+    rows = torch.multinomial(weights, len(topic), replacement=True, generator=generator)
+    return [rows[i : i + batch] for i in range(0, len(rows) - batch + 1, batch)]

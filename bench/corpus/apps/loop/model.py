@@ -31,6 +31,10 @@ class TinyLM(nn.Module):
     ffn_activation_missing = False
     """On (bug.ffn_activation_missing): the feed-forward block has no nonlinearity between its
     two linear layers."""
+    attention_mask_inverted = False
+    """On (bug.attention_mask_inverted): the attention gets torch.triu(ones, 1).bool(), the
+    positions to mask as nn.MultiheadAttention reads a bool mask, where SDPA reads True as
+    may-attend: each position attends only to the tokens after it."""
 
     def __init__(
         self,
@@ -78,12 +82,13 @@ class TinyLM(nn.Module):
         if self.layer_norm_wrong_dim:  # normalized_shape = every dim but the batch
             h = F.layer_norm(h, h.shape[1:], eps=self.ln_f.eps)  # (geometric-algebra-transformer#8)
             return self.head(h * self.ln_f.weight + self.ln_f.bias)
-        return self.head(self.ln_f(h))
+        return self.head(self.ln_f(h)).float()  # logits upcast for the loss (bf16 weights)
 
     @property
     def layers_by_hand(self) -> bool:
         """A bug flag that changes a line inside the encoder layers is on."""
-        return self.attention_unscaled or self.ffn_activation_missing
+        flags = (self.attention_unscaled, self.ffn_activation_missing, self.attention_mask_inverted)
+        return any(flags)
 
     def layer_by_hand(self, layer: nn.TransformerEncoderLayer, h, mask) -> torch.Tensor:
         """One pre-norm encoder layer written out (torch's own, norm_first), with the lines
@@ -93,7 +98,7 @@ class TinyLM(nn.Module):
 
     def attention(self, layer: nn.TransformerEncoderLayer, h, mask) -> torch.Tensor:
         """Causal multi-head self-attention with the layer's weights (its _sa_block)."""
-        if not self.attention_unscaled:
+        if not self.attention_unscaled and not self.attention_mask_inverted:
             return layer._sa_block(h, mask, None, is_causal=True)
         attn = layer.self_attn
         b, t, d = h.shape
@@ -101,8 +106,11 @@ class TinyLM(nn.Module):
         q, k, v = F.linear(h, attn.in_proj_weight, attn.in_proj_bias).chunk(3, dim=-1)
         q, k, v = (z.reshape(b, t, heads, d // heads).transpose(1, 2) for z in (q, k, v))
         drop = attn.dropout if self.training else 0.0
-        # scale=1.0: q.k not divided by sqrt(head_dim) (PAIR-code/tiny-transformers#71)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=drop, scale=1.0)
+        if self.attention_mask_inverted:  # the mask of the future, read as the keys allowed
+            future = torch.triu(torch.ones(t, t, dtype=torch.bool, device=h.device), diagonal=1)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=future, dropout_p=drop)
+        else:  # scale=1.0: q.k not divided by sqrt(head_dim) (PAIR-code/tiny-transformers#71)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=drop, scale=1.0)
         out = attn.out_proj(out.transpose(1, 2).reshape(b, t, d))
         return layer.dropout1(out)
 

@@ -14,7 +14,7 @@ import mlflow
 import torch
 from omegaconf import DictConfig
 
-from bench.corpus.apps.loop.data import PAD, batch_order, sequences
+from bench.corpus.apps.loop.data import PAD, batch_order, sequences, weighted_order
 from bench.corpus.apps.loop.loss import eval_loss, token_loss
 from bench.corpus.apps.loop.model import TinyLM
 from hyprun.runner.job.probe import Probe
@@ -43,6 +43,7 @@ def build(cfg: DictConfig) -> tuple:
     model.layer_norm_wrong_dim = bug.layer_norm_wrong_dim
     model.attention_unscaled = bug.attention_unscaled
     model.ffn_activation_missing = bug.ffn_activation_missing
+    model.attention_mask_inverted = bug.attention_mask_inverted  # (rasbt/LLMs-from-scratch#1061)
     if bug.layer_norm_init_random:  # huggingface/transformers#143: init_bert_weights
         norms_drawn_like_weights(model)
     if cfg.bug.frozen_except_norm:  # PyTorch forum 84911: every weight but the norms frozen
@@ -54,16 +55,28 @@ def build(cfg: DictConfig) -> tuple:
             weights_drawn_like(module, std=1.0)
     if not cfg.bug.head_not_in_optimizer:
         model.head = new_head
+    if bug.bf16_weights_no_master:  # the weights themselves in bf16, no fp32 master copy
+        model.to(torch.bfloat16)  # (hp-l33/AiM#10, tianweiy/CausVid#19)
     optimizer = make_optimizer(cfg, model)
     if cfg.bug.head_not_in_optimizer:  # replaced after the optimizer took the parameters
         model.head = new_head
     if cfg.optim.layer_decay != 1 and not bug.layer_decay_every_step:
         for group in optimizer.param_groups:  # each layer's scale, applied once
             group["lr"] *= group["lr_scale"]
+    return model, optimizer, make_schedule(cfg, optimizer)
+
+
+def make_schedule(cfg: DictConfig, optimizer):
+    """The LR schedule: StepLR per epoch, a per-step cosine, or ReduceLROnPlateau on the eval
+    loss (stepped at each evaluation)."""
     if cfg.sched.name == "cosine":
-        return model, optimizer, cosine_schedule(cfg, optimizer)
-    schedule = torch.optim.lr_scheduler.StepLR(optimizer, cfg.sched.every_epochs, cfg.sched.gamma)
-    return model, optimizer, schedule
+        return cosine_schedule(cfg, optimizer)
+    if cfg.sched.name == "plateau":  # mode='max' on a loss (FunctionLab/selene#115): every
+        mode = "max" if cfg.bug.plateau_mode_max else "min"  # falling loss reads as no gain
+        return torch.optim.lr_scheduler.ReduceLROnPlateau(
+            optimizer, mode=mode, factor=cfg.sched.factor, patience=cfg.sched.patience
+        )
+    return torch.optim.lr_scheduler.StepLR(optimizer, cfg.sched.every_epochs, cfg.sched.gamma)
 
 
 def norms_drawn_like_weights(model: torch.nn.Module, std: float = 0.02) -> None:
@@ -113,6 +126,8 @@ def make_optimizer(cfg: DictConfig, model: torch.nn.Module) -> torch.optim.Optim
         return torch.optim.SGD(params, o.lr, o.weight_decay)  # 3rd is momentum (YudeWang/SEAM#21)
     if o.name == "sgd":
         return torch.optim.SGD(params, lr=o.lr, momentum=o.momentum, weight_decay=o.weight_decay)
+    if bug.adam_l2_not_decoupled:  # Adam's weight_decay: an L2 term added to the gradient,
+        return torch.optim.Adam(params, lr=o.lr, weight_decay=o.weight_decay)  # (robosat#166)
     if bug.adam_eps_too_large:  # eps=0.1 where 1e-8 was meant (mlpnlp/mlpnlp-nmt#4)
         return torch.optim.AdamW(params, lr=o.lr, weight_decay=o.weight_decay, eps=0.1)
     if bug.adam_beta2_inverted:  # 0.999 given where 1 - beta2 was read (mila-iqia/blocks#1159)
@@ -138,18 +153,30 @@ def layer_groups(model: torch.nn.Module, decay: float) -> list[dict]:
     ]
 
 
+def epoch_batches(cfg: DictConfig, data: dict, epoch: int, seed: int) -> list:
+    """One epoch's batches of row indices, from the configured sampler."""
+    if cfg.data.sampler == "weighted":  # per-sample weights, or the class weights themselves
+        per_class = cfg.bug.sampler_class_weights  # (deep-voice/soundbay#49)
+        return weighted_order(data, cfg.train.batch, seed, epoch, per_class)
+    return batch_order(data, cfg.train.batch, seed, epoch, not cfg.bug.data_not_shuffled)
+
+
 def micro_batches(cfg: DictConfig, data: dict):
     """An endless stream of (x, y) micro-batches, epoch after epoch."""
-    shuffled = not cfg.bug.data_not_shuffled
-    first = batch_order(data, cfg.train.batch, cfg.data.seed, 0, shuffled)[0]
+    bug = cfg.bug
+    first = epoch_batches(cfg, data, 0, cfg.data.seed)[0]
     epoch = 0
     while True:
-        for rows in batch_order(data, cfg.train.batch, cfg.data.seed, epoch, shuffled):
-            if cfg.bug.same_batch_every_step:  # next(iter(loader)) each step, no shuffling
-                rows = first
-            copies = LOADER_WORKERS if cfg.bug.workers_duplicate_data else 1
+        batches = epoch_batches(cfg, data, epoch, cfg.data.seed)
+        labels = batches
+        if bug.labels_shuffled_apart:  # the labels shuffled by a second, independent draw
+            labels = epoch_batches(cfg, data, epoch, cfg.data.seed + 1)  # (GaNDLF#870)
+        for rows, label_rows in zip(batches, labels, strict=True):
+            if bug.same_batch_every_step:  # next(iter(loader)) each step, no shuffling
+                rows = label_rows = first
+            copies = LOADER_WORKERS if bug.workers_duplicate_data else 1
             for _ in range(copies):  # every worker replays the whole stream (datasets#3423)
-                yield data["x"][rows], data["y"][rows]
+                yield data["x"][rows], data["y"][label_rows]
         epoch += 1
 
 
@@ -230,12 +257,15 @@ def fit(cfg: DictConfig, log=None, probe: bool = True, attach=None, tracker=None
         if cfg.optim.clip and bug.clip_after_step:  # clips gradients already applied
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.clip)
         epoch_end = step % steps_per_epoch == 0 and not bug.scheduler_never_stepped
-        if bug.scheduler_per_batch or epoch_end or cfg.sched.name == "cosine":
+        per_step = bug.scheduler_per_batch or epoch_end or cfg.sched.name == "cosine"
+        if per_step and cfg.sched.name != "plateau":
             schedule.step()
         if step % t.eval_every == 0 or step == t.steps:
             if not bug.eval_without_eval_mode:
                 model.eval()
             last = eval_loss(model, heldout)
+            if cfg.sched.name == "plateau":
+                schedule.step(last)
             if log:
                 log("eval_loss", last, step)
             if not bug.eval_mode_left_on:
