@@ -132,6 +132,10 @@ class LiveFacts:
     loss, its tokens) (invariants.loss_rescaled)."""
     adam_eps: float | None = None
     """The optimizer's eps (group 0), when it has one."""
+    decoupled_decay: bool = False
+    """Group 0 sets decoupled_weight_decay (torch's Adam, NAdam, RAdam may): AdamW's decay."""
+    weight_rms: float | None = None
+    """The trainable weights' RMS per element at the first backward."""
     grad_rms: float | None = None
     """The first gradient's RMS per element (its global norm over the square root of the
     elements that got one), before any clipping."""
@@ -185,6 +189,7 @@ def live_checks(facts: LiveFacts) -> list[Check]:
         _named_list(rules["optimizer_coverage"], facts.missing_from_optimizer, "missing", "fail"),
         _gradient_reach(facts, rules["gradient_reach"]),
         _adam_eps(facts, rules["adam_eps"]),
+        _adam_coupled_decay(facts, rules["adam_coupled_decay"]),
         _dropout_rate(facts, rules["dropout_rate"]),
         *invariant_checks(facts, rules),
     ]
@@ -423,6 +428,21 @@ def _adam_eps(facts: LiveFacts, rule: dict) -> Check:
     if ratio <= rule["warn_above"]:
         return _check(rule, "pass", "pass", ratio, threshold)
     fields = {"eps": facts.adam_eps, "ratio": ratio, "rms": facts.grad_rms}
+    return _check(rule, "warn", "high", ratio, threshold, **fields)
+
+
+def _adam_coupled_decay(facts: LiveFacts, rule: dict) -> Check:
+    """Adam's L2 weight decay (wd x the weights' RMS) against the first gradient's RMS per
+    element; the value is their ratio."""
+    threshold = f"wd x weight RMS <= {rule['warn_above']:g} x the gradient's RMS per element"
+    coupled = facts.optimizer in rule["coupled"] and not facts.decoupled_decay
+    if not coupled or facts.weight_decay <= 0 or not facts.grad_rms or not facts.weight_rms:
+        return _check(rule, "skip", "skip", None, threshold)
+    ratio = float(f"{facts.weight_decay * facts.weight_rms / facts.grad_rms:.3g}")
+    if ratio <= rule["warn_above"]:
+        return _check(rule, "pass", "pass", ratio, threshold)
+    fields = {"optimizer": facts.optimizer, "wd": facts.weight_decay, "ratio": ratio}
+    fields |= {"weights": facts.weight_rms, "rms": facts.grad_rms}
     return _check(rule, "warn", "high", ratio, threshold, **fields)
 
 

@@ -205,6 +205,14 @@ class LiveSetting(Rule):
     """The check's value above which the setting is outside that range."""
 
 
+class CoupledDecay(LiveSetting):
+    """Adam's weight decay as an L2 term in the gradient, against the gradient's scale."""
+
+    coupled: tuple[str, ...]
+    """Optimizer classes whose weight_decay is added to the gradient before Adam normalises it
+    (unless a group sets decoupled_weight_decay)."""
+
+
 class EvalAtTrain(Rule):
     outcomes = ("pass", "eval_mode")
 
@@ -264,6 +272,7 @@ class Checks(Strict):
     updates_below_precision: Invariant
     symmetric_init: Invariant
     adam_eps: LiveSetting
+    adam_coupled_decay: CoupledDecay
     dropout_rate: LiveSetting
 
 

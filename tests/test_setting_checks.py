@@ -130,11 +130,20 @@ def uri(workdir, monkeypatch) -> str:
     return os.environ["MLFLOW_TRACKING_URI"]
 
 
-def probed(bug: str = "") -> dict[str, dict]:
-    """A plain loop with one report's setting planted: the three checks as the probe recorded."""
+OPTIMIZERS = {
+    "adam_l2": lambda params: torch.optim.Adam(params, lr=1e-3, weight_decay=0.1),
+    "adam_small_l2": lambda params: torch.optim.Adam(params, lr=1e-3, weight_decay=5e-4),
+    "adamw_decay": lambda params: torch.optim.AdamW(params, lr=1e-3, weight_decay=0.1),
+}
+"""Optimizers planted by name; any other bug trains with AdamW at its default decay."""
+
+
+def probed(bug: str = "", ids: tuple[str, ...] = CHECKS) -> dict[str, dict]:
+    """A plain loop with one report's setting planted: the checks `ids` as the probe recorded."""
     model = TinyLM(0.9 if bug == "keep_prob_as_p" else 0.1)  # keras-deeplab-v3-plus#4
     eps = 0.1 if bug == "eps" else 1e-8  # mlpnlp-nmt#4
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, eps=eps)
+    build = OPTIMIZERS.get(bug, lambda params: torch.optim.AdamW(params, lr=1e-3, eps=eps))
+    optimizer = build(model.parameters())
     probe = Probe(model, optimizer, step_unit="steps", every_steps=0)
     rng = torch.Generator().manual_seed(1)
     for _ in range(4):
@@ -150,7 +159,7 @@ def probed(bug: str = "") -> dict[str, dict]:
         optimizer.zero_grad()
     probe.close()
     tags = MlflowClient(os.environ["MLFLOW_TRACKING_URI"]).get_run(probe.run_id).data.tags
-    return {c["id"]: c for c in json.loads(tags[L0_TAG]) if c["id"] in CHECKS}
+    return {c["id"]: c for c in json.loads(tags[L0_TAG]) if c["id"] in ids}
 
 
 def test_through_the_probe_each_planted_setting_is_read_and_only_it(uri):
@@ -177,3 +186,32 @@ def test_first_loss_ratios_reads_each_probed_run_of_a_benchmark_workdir(workdir,
     probed()
     [(ratio, folder)] = first_loss_ratios(workdir)
     assert folder == "entry" and 0.9 < ratio < 1.1  # a fresh model: near the uniform guess
+
+
+def test_adam_l2_decay_warns_above_the_gradients_scale_and_is_a_finding_with_shrinking_weights():
+    def decay(**changes) -> str:
+        found = facts(optimizer="Adam", weight_decay=0.1, weight_rms=0.2, grad_rms=2e-3)
+        for name, value in changes.items():
+            setattr(found, name, value)
+        return {c.id: c.status for c in live_checks(found)}["adam_coupled_decay"]
+
+    assert decay() == "warn"  # 0.1 x 0.2 = 10x the gradient's RMS
+    assert decay(weight_decay=5e-4) == "pass"  # an L2 Adam is tuned with: 0.05x
+    assert decay(optimizer="AdamW") == decay(decoupled_decay=True) == "skip"
+    coupled = facts(optimizer="Adam", weight_decay=0.1, weight_rms=0.2, grad_rms=2e-3)
+    checks = [c.__dict__ for c in live_checks(coupled)]
+    for norm_end, named in ((30.0, True), (75.0, False)):  # pulled to 0, or held
+        norm = [(step, 76.0 + (norm_end - 76.0) * step / 19) for step in range(20)]
+        series = {"train/loss": FALLING, "param/norm": norm}
+        ids = [f.id for f in triage(Evidence(static=checks, series=series)).findings]
+        assert ("adam_l2_not_decoupled" in ids) is named, ids
+
+
+def test_through_the_probe_adam_given_adamws_decay_is_read_and_adamw_is_not(uri):
+    def read(bug: str) -> dict:
+        return probed(bug, ids=("adam_coupled_decay",))["adam_coupled_decay"]
+
+    coupled = read("adam_l2")  # mapbox/robosat#166: AdamW's decay given to Adam
+    assert coupled["status"] == "warn" and coupled["value"] > 1, coupled
+    assert read("adam_small_l2")["status"] == "pass"
+    assert read("adamw_decay")["status"] == "skip"

@@ -46,6 +46,7 @@ PROBE_CHECKS = (
     "warmup_never_ends",
     "updates_below_precision",
     "symmetric_init",
+    "adam_coupled_decay",
 )
 """Checks read from the probe's L0 record (they need its step scan, its loss reads or the live
 optimizer and model); a fail or a warning on a healthy run is a false alarm."""

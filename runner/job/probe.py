@@ -548,6 +548,7 @@ class Probe:
         reached = trainable - sum(_elements(p) for _, p in unreached)
         if self.facts.first_grad_norm is not None and reached:
             self.facts.grad_rms = self.facts.first_grad_norm / math.sqrt(reached)
+        self.facts.weight_rms = _weight_rms([p for _, p in self.named])
 
     def _first_steps(self) -> None:
         """At the first optimizer step: the optimizer's settings and whether the gradient was
@@ -760,6 +761,14 @@ def _full_param(param: torch.nn.Parameter) -> torch.Tensor:
     return param.data
 
 
+def _weight_rms(params: list[nn.Parameter]) -> float | None:
+    """The RMS per element of the trainable weights (None under DeepSpeed, which shards them)."""
+    if not params or any(_uses_deepspeed(p) for p in params):
+        return None
+    squares = sum(float(p.detach().float().pow(2).sum()) for p in params)
+    return math.sqrt(squares / sum(p.numel() for p in params))
+
+
 def identical_rows(named: list[tuple[str, nn.Parameter]]) -> list[str]:
     """Weights on the loss's path (a .grad) of two or more rows (units) whose rows are all
     equal (a whole DeepSpeed shard is not read)."""
@@ -966,6 +975,7 @@ def read_optimizer(facts: LiveFacts, optimizer: Any, named: list[tuple[str, nn.P
     facts.betas = (float(betas[0]), float(betas[1])) if betas is not None else None
     facts.adam_eps = float(first["eps"]) if first.get("eps") is not None else None
     facts.momentum = float(first["momentum"]) if first.get("momentum") is not None else None
+    facts.decoupled_decay = bool(first.get("decoupled_weight_decay", False))
     if not isinstance(optimizer, torch.optim.Optimizer):
         return
     held = {id(p) for g in groups for p in g["params"]}
