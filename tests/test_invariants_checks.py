@@ -117,3 +117,36 @@ def test_replicas_agree_unless_a_checksum_differs():
     assert inv.replicas_disagree([12.5]) == []
     (violation,) = inv.replicas_disagree([12.5, 12.5, 12.51])
     assert violation.where == "rank 2"
+
+
+def test_padding_is_read_only_where_the_targets_are_the_next_tokens():
+    """Labels shuffled apart from their inputs (another row's next tokens) are not the input ids
+    shifted by one: the input's padding then says nothing about which targets are padding."""
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    from hyprun.runner.job.invariant_hooks import InvariantHooks
+
+    def reads(targets_of) -> list:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Embedding(32, 8), nn.Linear(8, 32))
+        hooks = InvariantHooks(model)
+        hooks.pad_id = 0
+        ids = torch.randint(1, 32, (8, 17), generator=torch.Generator().manual_seed(1))
+        for row in range(8):
+            ids[row, 9 + row :] = 0  # right padding of each row's length, kept in the targets
+        logits = model(ids[:, :-1])
+        F.cross_entropy(logits.flatten(0, 1), targets_of(ids).flatten()).backward()
+        hooks.remove()
+        return hooks.padding_reads
+
+    (padded,) = reads(lambda ids: ids[:, 1:])  # labels = input_ids, padding left in
+    assert padded[0] > 0
+
+    def half_shuffled(ids):  # half the rows get another row's next tokens
+        targets = ids[:, 1:].clone()
+        targets[::2] = ids.roll(1, 0)[::2, 1:]
+        return targets
+
+    assert reads(half_shuffled) == []

@@ -34,11 +34,17 @@ def batches(count: int, delay_s: float = 0.0):
 
 
 def train(
-    steps: int, delay_s: float = 0.0, evaluate_s: float = 0.0, said: bool = False, **options
+    steps: int,
+    delay_s: float = 0.0,
+    evaluate_s: float = 0.0,
+    said: bool = False,
+    evaluated: bool = False,
+    **options,
 ) -> tuple[Probe, list[float]]:
     """A user's loop with the two probe lines; returns the probe and clip_grad_norm_'s norms.
-    `evaluate_s`: the loop's own work after each step (an evaluation), `said`: the loop then
-    tells the probe it was not waiting for data."""
+    `evaluate_s`: the loop's own work after each step, `said`: the loop then tells the probe
+    it was not waiting for data, `evaluated`: that work ends with a forward without gradients
+    (an evaluation), which tells the probe by itself."""
     model = gpt()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     probe = Probe(model, optimizer, **options)
@@ -51,6 +57,9 @@ def train(
         optimizer.step()
         optimizer.zero_grad()
         time.sleep(evaluate_s)
+        if evaluated:
+            with torch.no_grad():
+                model(x, y)
         if said:
             probe.not_waiting()
     probe.close()
@@ -96,14 +105,17 @@ def test_data_wait_share_sees_a_slow_loader(uri):
 
 
 def test_a_loops_own_work_between_steps_is_not_data_wait_once_it_says_so(uri):
-    """An evaluation between steps counts as waiting unless the loop says it ended (the HF and
-    Lightning callbacks do, after evaluating, saving and logging)."""
+    """Work between steps counts as waiting unless the loop says it ended (the HF and Lightning
+    callbacks do, after evaluating, saving and logging) or evaluates: a forward without
+    gradients ends the wait by itself."""
     unsaid, _ = train(6, evaluate_s=0.1, every_steps=0)
     said, _ = train(6, evaluate_s=0.1, said=True, every_steps=0)
+    evaluated, _ = train(6, evaluate_s=0.1, evaluated=True, every_steps=0)
     unsaid_waits = metric_history(uri, unsaid.run_id, "perf/data_wait_frac")[1:]
-    said_waits = metric_history(uri, said.run_id, "perf/data_wait_frac")[1:]
     assert min(w for _, w in unsaid_waits) > 0.5  # 0.1 s of a step of ~0.1 s plus compute
-    assert sorted(w for _, w in said_waits)[2] < 0.1
+    for quiet in (said, evaluated):  # said, or shown by a forward without gradients
+        waits = metric_history(uri, quiet.run_id, "perf/data_wait_frac")[1:]
+        assert sorted(w for _, w in waits)[2] < 0.1
 
 
 def test_steps_as_the_unit_when_declared(uri):

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode, _get_current_function_mode_stack
 
-from hyprun.diag.invariants import LABEL_OFFSETS
+from hyprun.diag.invariants import LABEL_MATCH, LABEL_OFFSETS
 
 MODE_MODULES = (nn.Dropout, nn.modules.batchnorm._BatchNorm)
 """Modules whose forward depends on train/eval mode."""
@@ -278,7 +278,8 @@ class InvariantHooks:
             shares = label_offsets(self._inputs, target, ignore)
             if shares is not None:
                 self.label_reads.append(shares)
-            if shares is not None and self._mask is not None and max(shares) == shares[1]:
+            next_tokens = shares is not None and shares[1] >= LABEL_MATCH
+            if next_tokens and self._mask is not None:  # padding is judged on next-token targets
                 self.padding_reads.append(padded_targets(self._mask, target, ignore))
         reduction = kwargs.get("reduction", "mean")
         readable = reduction in ("mean", "sum") and kwargs.get("weight") is None

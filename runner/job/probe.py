@@ -24,7 +24,8 @@ Where the time goes: seconds per step are measured between optimizer steps; the 
 is the time between the end of one step and the first training forward of the next (fetching
 the batch, moving it to the device), over the step time. Work a loop does there besides
 fetching (evaluating, saving a checkpoint, its own logging) counts as waiting unless the loop
-says it ended (`probe.not_waiting()`); a trainer whose hook runs after its fetch ends the wait
+says it ended (`probe.not_waiting()`; a forward without gradients, an evaluation, says so by
+itself); a trainer whose hook runs after its fetch ends the wait
 there (`probe.data_ready()`, HF's step begin), so its own work before the forward is not counted.
 """
 
@@ -396,6 +397,8 @@ class Probe:
         self._normalised_over_step = kwargs.get("num_items_in_batch") is not None
 
     def _after_forward(self, module, args, output) -> None:
+        if not torch.is_grad_enabled() and not self.invariants.own_forward:
+            self.not_waiting()  # an evaluation between steps is the loop's work, not a fetch
         if self.losses_told or not (module.training and torch.is_grad_enabled()):
             return
         loss = _loss_of(output)
