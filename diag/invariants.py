@@ -44,6 +44,9 @@ SCHEDULE_COLLAPSE = 1e-3
 common use (cosine, linear, step, WSD) gets there before its last half; StepLR stepped per batch
 instead of per epoch does within a few epochs' worth of steps."""
 FROZEN_SHARE = 0.9
+"""Share of a model's parameters (elements) frozen above which a run that also stops learning
+is read as frozen by mistake: an L0 warning (fine-tuning freezes most parameters on purpose)
+that becomes a finding only with the harm it predicts (a flat loss)."""
 WARMUP_REACH = 0.5
 """Share of the schedule's set LR (a torch scheduler's `initial_lr`, OneCycle's `max_lr`) the LR
 must reach within the first half of the run. A linear warmup of W steps reaches half of it at
@@ -58,9 +61,6 @@ far below any Adam step (about the LR per element) or SGD step at a usable LR, s
 fp32 run loses none; bf16 spacing is 7.8e-3 of it (a norm gain of 1 moves only by steps of
 0.0078), fp16 9.8e-4, so weights kept in half precision without an fp32 master copy lose most
 updates at common LRs."""
-"""Share of a model's parameters (elements) frozen above which a run that also stops learning
-is read as frozen by mistake: an L0 warning (fine-tuning freezes most parameters on purpose)
-that becomes a finding only with the harm it predicts (a flat loss)."""
 FAIR_STREAM_GAP = 0.2
 """Within the first epoch every training batch is unseen data, so its loss (before its update)
 estimates the held-out loss at the same weights: a fair stream's mean relative gap scatters

@@ -601,8 +601,8 @@ class Probe:
             if self.switches["spikes"] and math.isfinite(loss):
                 metrics["anomaly/loss_spike"] = float(self.loss_spikes.update(loss))
                 metrics["anomaly/spike_score"] = self.loss_spikes.score
-        if self.optimizer is not None and getattr(self.optimizer, "param_groups", None):
-            metrics["train/lr"] = float(self.optimizer.param_groups[0]["lr"])
+        if getattr(self.optimizer, "param_groups", None):
+            metrics["train/lr"] = self._lr()
         start = self._last_window_start(now)
         elapsed = now - start
         if elapsed > 0 and self._window_steps:
@@ -793,11 +793,9 @@ def lost_updates(
     loss scaler skipped the step), none is non-zero, or one is not whole (DeepSpeed's)."""
     lost, counted = 0, 0
     for old, new, grad in zip(before, after, grads, strict=True):
-        if grad is None or grad.shape != new.shape:
-            if grad is not None:
-                return None
+        if grad is None:
             continue
-        if not bool(torch.isfinite(grad).all()):
+        if grad.shape != new.shape or not bool(torch.isfinite(grad).all()):
             return None
         reached = grad != 0
         counted += int(reached.sum())
