@@ -186,3 +186,14 @@ def test_the_probe_reads_targets_loss_scale_clipping_and_batches_as_the_loop_wro
     batch again and again; a loader that does not shuffle still draws a new batch each step."""
     found = probe_statuses(overrides)
     assert tuple(found[check] for check in CHECKS) == statuses, found
+
+
+def test_harm_measures_a_row_found_after_the_split(tmp_path, monkeypatch):
+    """A later batch is built blind with the same tool: fault against twin, no probe."""
+    from bench.corpus import harm
+
+    monkeypatch.setattr(harm, "RESULTS", tmp_path)
+    monkeypatch.setattr(harm, "SEEDS", (0,))
+    measured = harm.measure(["attention_mask_inverted"])["attention_mask_inverted"]
+    assert measured["change"] < -0.5  # each position reads the tokens after it: a leak
+    assert "cards" not in measured  # silent: its harm is not a worse loss, no card screen

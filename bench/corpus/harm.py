@@ -19,7 +19,7 @@ from statistics import mean
 
 from bench.corpus import compose
 from bench.corpus.cards import applicable
-from bench.corpus.schema import CORPUS, load_corpus
+from bench.corpus.schema import CORPUS, all_rows
 from bench.corpus.split import SPLIT
 
 RESULTS = Path(__file__).with_name("results")
@@ -48,8 +48,9 @@ def final_eval_loss(form: str, overrides: list[str], seed: int) -> float:
 
 def measure(only: list[str] | None = None) -> dict:
     """Fault and twin of every row first (the harm figures), then the card screen of the
-    harmful rows (not the silent ones: their harm is not a worse loss)."""
-    rows = [row for row in load_corpus().rows if not only or row.id in only]
+    harmful rows (not the silent ones: their harm is not a worse loss). Rows found after the
+    split (later.yaml) are measured the same way, so a new batch is built blind with this tool."""
+    rows = [row for row in all_rows() if not only or row.id in only]
     out: dict = {}
     for row in rows:
         fault = [final_eval_loss(row.form, row.fault_overrides, s) for s in SEEDS]
