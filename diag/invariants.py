@@ -97,6 +97,20 @@ FUTURE_TOL = 1e-4
 ids leaves the earlier outputs bit for bit as they were (masked scores add exactly 0). Without
 the mask every position reads the whole row and moves by a share of its own scale."""
 
+STREAM_CARRY = 0.25
+"""A block's norm layers read the residual stream: the second reads the first's input plus one
+branch's output (x + f(x)), so their inputs point the same way (healthy at the first step scan:
+0.99 on the corpus loop, the HF GPT-2 and the job's GPT). A branch must outweigh the stream
+about 4 to 1 to bring the cosine down to this cut. A block that replaces the stream by its
+branch (x = f(x)) leaves two inputs as unrelated as two random directions: |cosine| about
+1/sqrt(width) per position, near 0 averaged (the corpus loop's overwritten stream: -0.01, 0.04)."""
+NORM_GAIN_MIN = 0.1
+"""RMS of a norm layer's gain below which a fresh model's norm scales its output down tenfold
+or more. torch starts every gain at 1; a weight init applied to every parameter draws the gains
+like a weight matrix's (std 0.02: huggingface/transformers#143), so each branch and the head
+start 50x quieter. Trained gains move away from 1 (some GPT-2 layers read 0.1-0.3), so a
+finding reads it only on a fresh model (its first loss near ln(vocab))."""
+
 
 @dataclass(frozen=True)
 class Violation:
@@ -499,3 +513,49 @@ def loss_rescaled(steps: Sequence[tuple[float, int]]) -> list[Violation]:
                 )
             )
     return found
+
+
+def stream_not_carried(cosines: Mapping[str, float]) -> list[Violation]:
+    """A block whose norm layers' inputs are unrelated: the stream the first read did not reach
+    the second, so the block overwrites the residual stream with its branch (kyegomez/BitNet
+    #32: x = attn(x)) and every layer before it is lost to the loss. `cosines`: by pair of one
+    block's norm layers called in a row, their inputs' mean cosine over positions. Hook: the
+    probe's step scan, once, in eval mode (runner/job/model_checks.py, structure)."""
+    return [
+        Violation("residual_stream_carried", pair, f"their inputs' mean cosine is {cosine:.2f}")
+        for pair, cosine in cosines.items()
+        if cosine < STREAM_CARRY
+    ]
+
+
+def linear_without_activation(chains: Sequence[str]) -> list[Violation]:
+    """A linear layer fed another's output unchanged, no bottleneck between them: the two are
+    one linear map (W2 W1), so the block's nonlinearity is missing (YujiaBao/ls#1: Linear,
+    dropout, Linear). Exact: any activation changes the values (a ReLU zeroes the negative
+    ones). Hook: the probe's step scan, once, in eval mode (dropout is then the identity)."""
+    return [
+        Violation("nonlinearity_between_linears", pair, "the second is fed the first's output")
+        for pair in chains
+    ]
+
+
+def norm_gains_small(gains: Mapping[str, float]) -> list[Violation]:
+    """torch norm layers whose gain's RMS is below NORM_GAIN_MIN (an L0 warning: a fine-tuned
+    model may have trained them there). Hook: the live model at the first optimizer step."""
+    return [
+        Violation("norm_gains_near_one", name, f"gain RMS {gain:.3g} (torch starts it at 1)")
+        for name, gain in gains.items()
+        if gain < NORM_GAIN_MIN
+    ]
+
+
+def optimizer_state_reset(resets: Sequence[int]) -> list[Violation]:
+    """The optimizer's own step count went back during the run: its state (Adam's moments and
+    step count) was cleared (optimizer.state.clear() each epoch, an early state dict loaded
+    again), so each restart takes Adam's first, bias-corrected full-size steps again with no
+    gradient history. Exact:
+    the count only grows. Hook: after each optimizer step, the first parameter's state."""
+    return [
+        Violation("optimizer_state_kept", f"step {step}", "the optimizer's step count went back")
+        for step in resets
+    ]

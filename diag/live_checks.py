@@ -18,6 +18,7 @@ it proves.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
 from hyprun.diag import invariants
@@ -34,7 +35,10 @@ from hyprun.diag.static import (
 )
 
 L0_TAG = "hyprun.l0_checks"
-"""Tag of a probe-recorded run: these checks' results, a JSON list of Check fields."""
+"""Tag of a probe-recorded run: these checks' results, a JSON list of Check fields, split over
+this tag and L0_TAG.1, L0_TAG.2, ... (l0_tags)."""
+TAG_CHUNK = 7000
+"""Characters per tag: MLflow truncates a tag's value at 8000, and the checks' JSON is longer."""
 NAMES_SHOWN = 3
 """Parameter names quoted in a check's one line; the rest are counted."""
 
@@ -151,6 +155,37 @@ class LiveFacts:
     accumulation: list[tuple[int, float, int]] = field(default_factory=list)
     """Per first step split into micro-batches: (micro-batches, total weight of its tokens in
     the backpropagated loss, its tokens) (invariants.accumulation_scale)."""
+    stream_cosines: dict[str, float] | None = None
+    """By pair of one block's norm layers called in a row: the mean cosine over positions of
+    their inputs, at the first step scan (invariants.stream_not_carried); None: not read."""
+    linear_chains: list[str] | None = None
+    """Linear pairs without a bottleneck whose second layer was fed the first's output
+    unchanged, at the first step scan (invariants.linear_without_activation); None: not read."""
+    norm_gains: dict[str, float] = field(default_factory=dict)
+    """By torch norm layer (nn.LayerNorm, nn.RMSNorm): its gain's RMS at the first step."""
+    state_resets: list[int] | None = None
+    """Optimizer steps at which its own step count went back (invariants.optimizer_state_reset);
+    None: fewer than two steps' counts read (SGD keeps none)."""
+
+
+def l0_tags(checks: list[dict]) -> dict[str, str]:
+    """The checks' JSON as tags of at most TAG_CHUNK characters: L0_TAG, then L0_TAG.1, ..."""
+    text = json.dumps(checks, default=str)
+    chunks = [text[i : i + TAG_CHUNK] for i in range(0, len(text), TAG_CHUNK)] or ["[]"]
+    return {L0_TAG if i == 0 else f"{L0_TAG}.{i}": chunk for i, chunk in enumerate(chunks)}
+
+
+def read_l0_tags(tags: dict[str, str]) -> list[dict]:
+    """The checks l0_tags wrote (empty when none were, or they do not parse)."""
+    chunks, index = [tags.get(L0_TAG, "[]")], 1
+    while f"{L0_TAG}.{index}" in tags:
+        chunks.append(tags[f"{L0_TAG}.{index}"])
+        index += 1
+    try:
+        checks = json.loads("".join(chunks))
+    except ValueError:
+        return []
+    return checks if isinstance(checks, list) else []
 
 
 def as_job_config(facts: LiveFacts) -> dict:
@@ -286,6 +321,21 @@ def invariant_checks(facts: LiveFacts, rules: dict) -> list[Check]:
             f"share <= {invariants.LOST_UPDATE_SHARE:g}",
         ),
         _measured(
+            rules["residual_connection_dropped"],
+            min(facts.stream_cosines.values()) if facts.stream_cosines else None,
+            lambda _: invariants.stream_not_carried(facts.stream_cosines),
+            f"cosine >= {invariants.STREAM_CARRY:g}",
+        ),
+        _judged(
+            rules["activation_missing"], facts.linear_chains, invariants.linear_without_activation
+        ),
+        _judged(
+            rules["norm_gains_small"], facts.norm_gains or None, invariants.norm_gains_small, "warn"
+        ),
+        _judged(
+            rules["optimizer_state_reset"], facts.state_resets, invariants.optimizer_state_reset
+        ),
+        _measured(
             rules["causal_mask_missing"],
             facts.future_influence if _next_token_task(facts) else None,
             invariants.future_visible,
@@ -340,6 +390,11 @@ def _fair_stream(facts: LiveFacts, rule: dict) -> Check:
     first = found[0]
     fields = {"where": first.where, "evidence": first.evidence}
     return _check(rule, "fail", "violated", round(gap, 4), threshold, **fields)
+
+
+def _judged(rule: dict, read, judge, status: str = "fail") -> Check:
+    """An invariant on one fact: skip when it was not read (None), else judge it."""
+    return _violations(rule, judge(read) if read is not None else None, status)
 
 
 def _violations(rule: dict, found: list[invariants.Violation] | None, status: str) -> Check:

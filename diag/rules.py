@@ -271,6 +271,10 @@ class Checks(Strict):
     warmup_never_ends: Invariant
     updates_below_precision: Invariant
     symmetric_init: Invariant
+    residual_connection_dropped: Invariant
+    activation_missing: Invariant
+    norm_gains_small: Invariant
+    optimizer_state_reset: Invariant
     adam_eps: LiveSetting
     adam_coupled_decay: CoupledDecay
     dropout_rate: LiveSetting

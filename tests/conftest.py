@@ -42,6 +42,15 @@ def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path
 
 
+@pytest.fixture
+def uri(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """An MLflow store of the test's own (sqlite in its folder), no run active: where a probe
+    attached in the test records."""
+    monkeypatch.delenv("MLFLOW_RUN_ID", raising=False)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{workdir}/mlflow.db")
+    return os.environ["MLFLOW_TRACKING_URI"]
+
+
 @pytest.fixture(scope="session")
 def mlflow_server(tmp_path_factory: pytest.TempPathFactory):
     """A real `mlflow server` on 127.0.0.1 for the session; yields its URI."""

@@ -36,6 +36,16 @@ def metric_history(uri: str, run_id: str, key: str) -> list[tuple[int, float]]:
     return sorted((m.step, m.value) for m in history)
 
 
+def probe_checks(run_id: str) -> dict[str, dict]:
+    """The L0 checks a closed probe recorded in the active MLflow store, by id."""
+    from mlflow.tracking import MlflowClient
+
+    from hyprun.diag.live_checks import read_l0_tags
+
+    tags = MlflowClient(os.environ["MLFLOW_TRACKING_URI"]).get_run(run_id).data.tags
+    return {check["id"]: check for check in read_l0_tags(tags)}
+
+
 def python_env(**extra: str) -> dict[str, str]:
     # The test process's own process group (world of one) must not leak into its children.
     dist_vars = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")

@@ -135,12 +135,12 @@ def probe_statuses(overrides: list[str]) -> dict[str, str]:
     """The probe's L0 check statuses on a short run of the corpus loop."""
     from bench.corpus.apps.loop.train import fit
     from bench.corpus.invariant_rates import Recorder
-    from hyprun.diag.live_checks import L0_TAG
+    from hyprun.diag.live_checks import read_l0_tags
 
     recorder = Recorder()
     short = ["train.steps=8", "train.eval_every=8", "data.n_train=128", "seed=0"]
     fit(app_config("loop", [*short, *overrides]), probe=True, tracker=recorder)
-    return {c["id"]: c["status"] for c in json.loads(recorder.tags[L0_TAG])}
+    return {c["id"]: c["status"] for c in read_l0_tags(recorder.tags)}
 
 
 ACCUMULATED = ["train.accum=4", "train.batch=4"]

@@ -5,7 +5,6 @@ The measurement itself runs outside CI: python -m bench.corpus.forms."""
 
 from __future__ import annotations
 
-import json
 import tempfile
 from functools import cache
 
@@ -36,7 +35,7 @@ def run(app: str, overrides: tuple[str, ...]) -> tuple[dict, dict]:
     """The losses of a tiny run of the app, and the checks its callback recorded (a twin that
     several forms share runs once)."""
     from bench.corpus.apps.hf.train import epoch_steps, fit
-    from hyprun.diag.live_checks import L0_TAG
+    from hyprun.diag.live_checks import read_l0_tags
     from hyprun.runner.job.callbacks import HyprunTrainerCallback
 
     torch.set_num_threads(1)
@@ -44,7 +43,7 @@ def run(app: str, overrides: tuple[str, ...]) -> tuple[dict, dict]:
     recorder = Recorder()
     probe = HyprunTrainerCallback(every_steps=2, epoch_steps=epoch_steps(cfg), tracker=recorder)
     losses = fit(cfg, tempfile.mkdtemp(prefix="hyprun-test-forms-"), [probe], report_to=[])
-    checks = {c["id"]: c["status"] for c in json.loads(recorder.tags.get(L0_TAG, "[]"))}
+    checks = {c["id"]: c["status"] for c in read_l0_tags(recorder.tags)}
     return losses, checks
 
 

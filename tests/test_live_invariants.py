@@ -4,7 +4,6 @@ loop that passes them all, and the diagnosis naming the corpus cause id."""
 
 from __future__ import annotations
 
-import json
 import os
 
 import pytest
@@ -13,7 +12,7 @@ from mlflow.tracking import MlflowClient
 from torch import nn
 
 from hyprun.diag.evidence import Evidence
-from hyprun.diag.live_checks import L0_TAG, LiveFacts, live_checks
+from hyprun.diag.live_checks import LiveFacts, live_checks, read_l0_tags
 from hyprun.diag.triage import triage
 from hyprun.runner.job.probe import Probe
 
@@ -115,14 +114,7 @@ def loop(uri: str, bug: str = "", total_steps: int | None = None) -> dict[str, d
                 model.train()
     probe.close()
     tags = MlflowClient(uri).get_run(probe.run_id).data.tags
-    return {c["id"]: c for c in json.loads(tags[L0_TAG])}
-
-
-@pytest.fixture
-def uri(workdir, monkeypatch) -> str:
-    monkeypatch.delenv("MLFLOW_RUN_ID", raising=False)
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{workdir}/mlflow.db")
-    return os.environ["MLFLOW_TRACKING_URI"]
+    return {c["id"]: c for c in read_l0_tags(tags)}
 
 
 INVARIANTS = [
@@ -221,7 +213,7 @@ def _probe_on_rank(rank: int, init_file: str, uri: str, out: str) -> None:
         probe.close()
         if rank == 0:
             tags = MlflowClient(uri).get_run(probe.run_id).data.tags
-            checks = {c["id"]: c["status"] for c in json.loads(tags[L0_TAG])}
+            checks = {c["id"]: c["status"] for c in read_l0_tags(tags)}
             statuses.append(checks["replicas_disagree"])
     if rank == 0:
         torch.save(statuses, out)
@@ -301,7 +293,7 @@ def classifier_loop(uri: str, bug: str = "") -> dict[str, dict]:
         optimizer.zero_grad()
     probe.close()
     tags = MlflowClient(uri).get_run(probe.run_id).data.tags
-    return {c["id"]: c for c in json.loads(tags[L0_TAG])}
+    return {c["id"]: c for c in read_l0_tags(tags)}
 
 
 def test_a_real_loop_fails_the_fair_stream_check_only_when_its_data_is_in_order(uri):

@@ -6,20 +6,17 @@ loop and into the finding named by the corpus cause id."""
 
 from __future__ import annotations
 
-import json
-import os
-
 import pytest
 import torch
 import torch.nn.functional as F
-from mlflow.tracking import MlflowClient
 from torch import nn
 
 from hyprun.diag.evidence import Evidence
-from hyprun.diag.live_checks import L0_TAG, LiveFacts, live_checks
+from hyprun.diag.live_checks import LiveFacts, live_checks
 from hyprun.diag.triage import triage
 from hyprun.runner.job.model_checks import future_influence, repeat_gap
 from hyprun.runner.job.probe import Probe
+from tests.helpers import probe_checks
 
 VOCAB, WIDTH = 16, 12
 
@@ -162,13 +159,6 @@ def test_a_failed_model_check_is_the_finding_named_by_the_corpus_cause_id(check)
     assert triage(Evidence(static=checks)).findings[0].id == check
 
 
-@pytest.fixture
-def uri(workdir, monkeypatch) -> str:
-    monkeypatch.delenv("MLFLOW_RUN_ID", raising=False)
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{workdir}/mlflow.db")
-    return os.environ["MLFLOW_TRACKING_URI"]
-
-
 def probed_loop(bug: str = "") -> dict[str, str]:
     """A plain loop with the probe attached and one bug planted: the new checks' statuses."""
     model = TinyLM(causal=bug != "causal", dropout_ignores_eval=bug == "dropout")
@@ -189,8 +179,7 @@ def probed_loop(bug: str = "") -> dict[str, str]:
         optimizer.step()
         optimizer.zero_grad()
     probe.close()
-    tags = MlflowClient(os.environ["MLFLOW_TRACKING_URI"]).get_run(probe.run_id).data.tags
-    checks = {c["id"]: c["status"] for c in json.loads(tags[L0_TAG])}
+    checks = {k: c["status"] for k, c in probe_checks(probe.run_id).items()}
     return {
         k: checks[k]
         for k in ("softmax_wrong_dim", "functional_dropout_in_eval", "causal_mask_missing")

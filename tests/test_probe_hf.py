@@ -12,7 +12,7 @@ import torch
 from mlflow.tracking import MlflowClient
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
 
-from hyprun.diag.live_checks import L0_TAG
+from hyprun.diag.live_checks import read_l0_tags
 from hyprun.runner.cli.main import main as hyprun
 from hyprun.runner.control.diagnose import diagnose
 from hyprun.runner.job.callbacks import HyprunTrainerCallback
@@ -237,7 +237,7 @@ def test_labels_at_masked_padding_are_padding_in_the_loss(
     data = Padded(padding_is_a_target)
     train(workdir, tiny_gpt2(), [HyprunTrainerCallback(every_steps=4)], 4, dataset=data)
     tags = MlflowClient(uri).get_run(run_id).data.tags
-    checks = {c["id"]: c for c in json.loads(tags[L0_TAG])}
+    checks = {c["id"]: c for c in read_l0_tags(tags)}
     assert checks["loss_on_padding"]["status"] == status, checks["loss_on_padding"]
     assert checks["labels_misaligned"]["status"] == "pass"
 
@@ -256,7 +256,7 @@ def test_a_compute_loss_that_ignores_num_items_in_batch_is_an_unscaled_accumulat
     uri, run_id = mlflow_env
     train(workdir, tiny_gpt2(), [HyprunTrainerCallback(every_steps=4)], 4, accumulation, trainer)
     tags = MlflowClient(uri).get_run(run_id).data.tags
-    checks = {c["id"]: c for c in json.loads(tags[L0_TAG])}
+    checks = {c["id"]: c for c in read_l0_tags(tags)}
     assert checks["accumulation_loss_scale"]["status"] == status, checks["accumulation_loss_scale"]
     assert checks["labels_misaligned"]["status"] == "pass"  # the model shifts labels=input_ids
     assert checks["clip_ineffective"]["status"] == "skip"  # the Trainer clips in its own step

@@ -3,7 +3,6 @@ steps by `lightning.Trainer` with `HyprunLightningCallback`, its L1 evidence rea
 
 from __future__ import annotations
 
-import json
 import math
 
 import lightning.pytorch as pl
@@ -13,7 +12,7 @@ import torch
 from mlflow.tracking import MlflowClient
 from torch import nn
 
-from hyprun.diag.live_checks import L0_TAG
+from hyprun.diag.live_checks import read_l0_tags
 from hyprun.runner.job.callbacks import HyprunLightningCallback
 from tests.helpers import metric_history
 
@@ -186,7 +185,7 @@ def test_lightnings_accumulation_keeps_the_losss_scale(workdir, monkeypatch, acc
     tags = MlflowClient(tracking_uri=f"sqlite:///{workdir}/mlflow.db").get_run(
         callback.probe.run_id
     )
-    checks = {c["id"]: c for c in json.loads(tags.data.tags[L0_TAG])}
+    checks = {c["id"]: c for c in read_l0_tags(tags.data.tags)}
     assert checks["accumulation_loss_scale"]["status"] == status, checks["accumulation_loss_scale"]
     assert checks["accumulation_grads_discarded"]["status"] == status  # each adds to the last
     assert checks["labels_misaligned"]["status"] == "pass"

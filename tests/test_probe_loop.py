@@ -4,14 +4,13 @@ wait measured, bad settings refused."""
 
 from __future__ import annotations
 
-import json
 import time
 
 import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-from hyprun.diag.live_checks import L0_TAG
+from hyprun.diag.live_checks import read_l0_tags
 from hyprun.diag.probes import STEP_MULTIPLES, ProbeSchedule, StepScan
 from hyprun.runner.job.models import GPT
 from hyprun.runner.job.probe import Probe, lm_vocab
@@ -64,14 +63,6 @@ def train(
             probe.not_waiting()
     probe.close()
     return probe, norms
-
-
-@pytest.fixture
-def uri(workdir, monkeypatch) -> str:
-    uri = f"sqlite:///{workdir}/mlflow.db"
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    monkeypatch.delenv("MLFLOW_RUN_ID", raising=False)
-    return uri
 
 
 def test_plain_loop_logs_the_jobs_metrics_at_token_steps(uri):
@@ -222,7 +213,7 @@ def live_run(
     probe.close()
     # the store named, not the process's current one (another test may have set it)
     tags = MlflowClient(uri).get_run(probe.run_id).data.tags
-    return {c["id"]: c for c in json.loads(tags[L0_TAG])}
+    return {c["id"]: c for c in read_l0_tags(tags)}
 
 
 def test_l0_checks_read_the_live_optimizer_and_model(uri):

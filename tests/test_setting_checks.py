@@ -6,20 +6,17 @@ named by the corpus cause id only with the harm it predicts."""
 
 from __future__ import annotations
 
-import json
-import os
-
 import pytest
 import torch
 import torch.nn.functional as F
-from mlflow.tracking import MlflowClient
 from torch import nn
 
 from hyprun.diag.evidence import Evidence
 from hyprun.diag.invariants import loss_rescaled
-from hyprun.diag.live_checks import L0_TAG, LiveFacts, live_checks
+from hyprun.diag.live_checks import LiveFacts, live_checks
 from hyprun.diag.triage import triage
 from hyprun.runner.job.probe import Probe
+from tests.helpers import probe_checks
 
 CHECKS = ("adam_eps", "dropout_rate", "loss_divided_twice")
 
@@ -123,13 +120,6 @@ class TinyLM(nn.Module):
         return self.head(self.layer(self.embed(ids), src_mask=mask, is_causal=True))
 
 
-@pytest.fixture
-def uri(workdir, monkeypatch) -> str:
-    monkeypatch.delenv("MLFLOW_RUN_ID", raising=False)
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{workdir}/mlflow.db")
-    return os.environ["MLFLOW_TRACKING_URI"]
-
-
 OPTIMIZERS = {
     "adam_l2": lambda params: torch.optim.Adam(params, lr=1e-3, weight_decay=0.1),
     "adam_small_l2": lambda params: torch.optim.Adam(params, lr=1e-3, weight_decay=5e-4),
@@ -158,8 +148,7 @@ def probed(bug: str = "", ids: tuple[str, ...] = CHECKS) -> dict[str, dict]:
         optimizer.step()
         optimizer.zero_grad()
     probe.close()
-    tags = MlflowClient(os.environ["MLFLOW_TRACKING_URI"]).get_run(probe.run_id).data.tags
-    return {c["id"]: c for c in json.loads(tags[L0_TAG]) if c["id"] in ids}
+    return {k: c for k, c in probe_checks(probe.run_id).items() if k in ids}
 
 
 def test_through_the_probe_each_planted_setting_is_read_and_only_it(uri):

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from mlflow.tracking import MlflowClient
 
-from hyprun.diag.live_checks import L0_TAG
+from hyprun.diag.live_checks import L0_TAG, read_l0_tags
 
 RESULTS = Path(__file__).resolve().parents[1] / "corpus" / "results"
 CONFIG_WARNINGS = {"lr_plausible", "warmup", "adam_betas", "sgd_momentum", "weight_decay"}
@@ -44,7 +44,7 @@ def recorded_checks(folder: Path) -> dict[str, dict[str, str]]:
         tags = run.data.tags
         if L0_TAG in tags:
             seed = tags.get("hyprun.seed", run.info.run_id[:8])
-            found[f"seed {seed}"] = {c["id"]: c["status"] for c in json.loads(tags[L0_TAG])}
+            found[f"seed {seed}"] = {c["id"]: c["status"] for c in read_l0_tags(tags)}
     return found
 
 

@@ -38,7 +38,7 @@ TOP = 3
 def probed(form: Form, twin: bool) -> dict[str, Any]:
     """One run in this process with the callback: losses and the checks that did not pass."""
     from bench.corpus.apps.hf.train import epoch_steps, fit
-    from hyprun.diag.live_checks import L0_TAG
+    from hyprun.diag.live_checks import read_l0_tags
     from hyprun.runner.job.callbacks import HyprunTrainerCallback
 
     overrides = form.twin_overrides if twin else form.fault_overrides
@@ -49,7 +49,7 @@ def probed(form: Form, twin: bool) -> dict[str, Any]:
     )
     folder = tempfile.mkdtemp(prefix="hyprun-forms-")
     losses = fit(cfg, folder, callbacks=[probe], report_to=[])
-    checks = json.loads(recorder.tags.get(L0_TAG, "[]"))
+    checks = read_l0_tags(recorder.tags)
     by_status = {
         status: {c["id"]: c.get("why", "") for c in checks if c["status"] == status}
         for status in ("fail", "warn")

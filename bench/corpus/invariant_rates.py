@@ -24,7 +24,7 @@ from bench.corpus.apps.loop.train import fit
 from bench.corpus.compose import app_config
 from bench.corpus.schema import load_corpus
 from bench.corpus.watch import InvariantWatch
-from hyprun.diag.live_checks import L0_TAG
+from hyprun.diag.live_checks import read_l0_tags
 
 RESULTS = Path(__file__).with_name("results")
 SEEDS = (0, 1)
@@ -47,6 +47,10 @@ PROBE_CHECKS = (
     "updates_below_precision",
     "symmetric_init",
     "adam_coupled_decay",
+    "residual_connection_dropped",
+    "activation_missing",
+    "norm_gains_small",
+    "optimizer_state_reset",
 )
 """Checks read from the probe's L0 record (they need its step scan, its loss reads or the live
 optimizer and model); a fail or a warning on a healthy run is a false alarm."""
@@ -78,7 +82,7 @@ class Recorder:
 
 def probe_fired(recorder: Recorder, name: str) -> dict[str, list[str]]:
     """PROBE_CHECKS the probe failed, by id; the stream gap kept in STREAM_GAPS[name]."""
-    checks = {c["id"]: c for c in json.loads(recorder.tags.get(L0_TAG, "[]"))}
+    checks = {c["id"]: c for c in read_l0_tags(recorder.tags)}
     gap = checks.get("unshuffled_data", {}).get("value")
     if isinstance(gap, int | float) and math.isfinite(gap):
         STREAM_GAPS[name] = gap

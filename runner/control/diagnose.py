@@ -17,7 +17,7 @@ from rich.table import Table
 
 from hyprun.diag.evidence import Evidence
 from hyprun.diag.features import why_unmeasured
-from hyprun.diag.live_checks import L0_TAG
+from hyprun.diag.live_checks import read_l0_tags
 from hyprun.diag.static import DataSample, DeviceInfo, device_info, run_checks
 from hyprun.diag.triage import triage
 from hyprun.hypotheses.applies import reversed_key, unchanged, unchanged_by
@@ -134,12 +134,8 @@ def diagnose(uri: str, run_id: str | None, experiment: str) -> tuple[str, dict[s
 
 
 def live_static(tags: dict[str, str]) -> list[dict]:
-    """The L0 checks the probe made of a live optimizer and model (tag hyprun.l0_checks)."""
-    try:
-        checks = json.loads(tags.get(L0_TAG, "[]"))
-    except ValueError:
-        return []
-    return checks if isinstance(checks, list) else []
+    """The L0 checks the probe made of a live optimizer and model (tags hyprun.l0_checks*)."""
+    return read_l0_tags(tags)
 
 
 def is_job_config(config: dict[str, Any]) -> bool:

@@ -192,6 +192,15 @@ class InvariantHooks:
         """Two eval-mode held-out losses' relative gap (model_checks.repeat_gap), once read."""
         self.future_influence: float | None = None
         """The early outputs' move when later ids change (model_checks.future_influence)."""
+        self.stream_cosines: dict[str, float] | None = None
+        """By pair of one block's norm layers: their inputs' mean cosine (model_checks)."""
+        self.linear_chains: list[str] | None = None
+        """Linear pairs, the second fed the first's output unchanged (model_checks.structure)."""
+        self.state_resets: list[int] = []
+        """Optimizer steps at which the optimizer's own step count went back (its state reset)."""
+        self.state_reads = 0
+        """Optimizer steps whose step count was read (SGD keeps none)."""
+        self._state_step: float | None = None
         self.label_reads: list[tuple[float, ...]] = []
         """Per cross-entropy call of the first steps whose targets pair with the forward's
         input ids: the share matching each offset (label_offsets)."""
@@ -343,7 +352,20 @@ class InvariantHooks:
         groups = getattr(optimizer, "param_groups", None)
         if groups:
             self.lrs.append(float(groups[0]["lr"]))
+            self._read_state_step(optimizer, groups[0]["params"][:1])
         self._step += 1
+
+    def _read_state_step(self, optimizer, first: list) -> None:
+        """The step count an optimizer keeps per parameter (Adam's, for its bias correction),
+        read on the first parameter of group 0: it never goes back unless the state is reset."""
+        state = getattr(optimizer, "state", {}).get(first[0], {}) if first else {}
+        count = state.get("step") if isinstance(state, dict) else None
+        if count is None:
+            return
+        count, self.state_reads = float(count), self.state_reads + 1
+        if self._state_step is not None and count < self._state_step:
+            self.state_resets.append(self._step)
+        self._state_step = count
 
     def remove(self) -> None:
         self.loss_read_done()

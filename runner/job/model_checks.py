@@ -1,10 +1,15 @@
-"""Two facts of a language model's evaluation forward, read once on the probe's held-out batch
-for hyprun.diag.invariants (eval_not_repeatable, future_visible):
+"""Facts of a model's evaluation forward, read once on the probe's held-out batch for
+hyprun.diag.invariants:
 
-- repeatable: in eval mode the same batch at the same weights gives the same loss;
-- causal: the output at a position does not move when only later input ids change.
+- repeatable: in eval mode the same batch at the same weights gives the same loss
+  (eval_not_repeatable);
+- causal: the output at a position does not move when only later input ids change
+  (future_visible);
+- a residual stream: the inputs of a block's norm layers carry the stream from one to the next
+  (stream_not_carried);
+- nonlinear: no linear layer is fed another's output unchanged (linear_without_activation).
 
-Four forwards per run, in eval mode without autograd, inside a forked RNG: the training that
+Five forwards per run, in eval mode without autograd, inside a forked RNG: the training that
 follows draws the same random numbers as without them.
 """
 
@@ -14,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 
@@ -47,6 +53,98 @@ def future_influence(model: nn.Module, batch: Any, loss: Callable[[Any], Any]) -
     quarter = ids.shape[1] // 4
     early, moved = before[:, :quarter].float(), after[:, :quarter].float()
     return float((early - moved).abs().max() / early.abs().max().clamp_min(1e-12))
+
+
+NORMS = (nn.LayerNorm, nn.RMSNorm)
+"""Norm layers applied per position, torch's own; a class named *LayerNorm or *RMSNorm counts
+too (Hugging Face's, a model's own). Their input is the residual stream where a block normalises
+it before each branch (pre-norm) or after adding each branch (post-norm)."""
+
+
+def structure(model: nn.Module, loss: Callable[[], Any]) -> tuple[dict[str, float], list[str]]:
+    """One eval forward read by hooks: (the mean cosine over positions between the inputs of
+    each two norm layers of one block, called one after the other, by "first -> second"; the
+    linear pairs whose second layer's input is the first's output unchanged, as "first ->
+    second"). A block's norm layers are siblings of one parent module; a linear pair counts only
+    without a bottleneck (the middle width at least the narrower end's), so a low-rank
+    factorisation (LoRA) is not one."""
+    cosines: dict[str, float] = {}
+    chains: list[str] = []
+    names = {id(module): name for name, module in model.named_modules()}
+    parents = _norm_parents(model)
+    last_norm: list = [None]  # (parent, name, input) of the norm layer that ran last
+    last_linear: list = [None]  # (name, widths, output) of the linear layer that ran last
+
+    def norm_input(module, args) -> None:
+        x = args[0].detach() if args and torch.is_tensor(args[0]) else None
+        if x is None:
+            return
+        parent, name = parents[id(module)], names[id(module)]
+        previous = last_norm[0]
+        if previous and previous[0] == parent and previous[2].shape == x.shape:
+            similarity = F.cosine_similarity(previous[2].float(), x.float(), dim=-1)
+            cosines[f"{previous[1]} -> {name}"] = float(similarity.mean())
+        last_norm[0] = (parent, name, x)
+
+    def linear_output(module, args, output) -> None:
+        widths = _linear_widths(module)
+        x = args[0] if args and torch.is_tensor(args[0]) else None
+        previous = last_linear[0]
+        fed = previous and x is not None and _collapses(previous[1], widths)
+        if fed and previous[2].shape == x.shape and torch.equal(previous[2], x):
+            chains.append(f"{previous[0]} -> {names[id(module)]}")
+        last_linear[0] = (names[id(module)], widths, output.detach().clone())
+
+    handles = [
+        module.register_forward_pre_hook(norm_input)
+        for module in model.modules()
+        if id(module) in parents
+    ]
+    handles += [
+        module.register_forward_hook(linear_output)
+        for module in model.modules()
+        if _linear_widths(module) is not None
+    ]
+    try:
+        with _evaluating(model):
+            loss()
+    finally:
+        for handle in handles:
+            handle.remove()
+    return cosines, chains
+
+
+def _norm_parents(model: nn.Module) -> dict[int, str]:
+    """id of each per-position norm layer -> the name of the module that holds it."""
+    return {
+        id(child): parent_name
+        for parent_name, parent in model.named_modules()
+        for child in parent.children()
+        if is_norm(child)
+    }
+
+
+def is_norm(module: nn.Module) -> bool:
+    """A norm layer applied per position (NORMS)."""
+    name = type(module).__name__
+    return isinstance(module, NORMS) or name.endswith(("LayerNorm", "RMSNorm"))
+
+
+def _linear_widths(module: nn.Module) -> tuple[int, int] | None:
+    """(in, out) of a linear layer: torch's nn.Linear, or transformers' Conv1D (GPT-2's, its
+    weight stored (in, out)); None for any other module."""
+    if isinstance(module, nn.Linear):
+        return module.in_features, module.out_features
+    if type(module).__name__ == "Conv1D" and getattr(module, "weight", None) is not None:
+        rows, columns = module.weight.shape
+        return int(rows), int(columns)
+    return None
+
+
+def _collapses(first: tuple[int, int], second: tuple[int, int]) -> bool:
+    """Two linear maps in a row with no bottleneck between them: the pair is one linear map
+    (W2 W1) with more parameters, so the layer between them adds no function."""
+    return first[1] == second[0] and first[1] >= min(first[0], second[1])
 
 
 class _evaluating:

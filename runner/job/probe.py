@@ -32,7 +32,6 @@ there (`probe.data_ready()`, HF's step begin), so its own work before the forwar
 from __future__ import annotations
 
 import atexit
-import json
 import math
 import time
 import warnings
@@ -48,7 +47,7 @@ from hyprun.diag import probes
 from hyprun.diag.efficiency import mfu, transformer_flops_per_token
 from hyprun.diag.evidence import NAN_MODULE_TAG, OUTCOME_TAG
 from hyprun.diag.features import SCAN_BATCH_LOSS, SCAN_TAG, VOCAB_TAG
-from hyprun.diag.live_checks import L0_TAG, LiveFacts, live_checks
+from hyprun.diag.live_checks import LiveFacts, l0_tags, live_checks
 from hyprun.diag.spikes import SpikeDetector
 from hyprun.runner.job import model_checks, stop
 from hyprun.runner.job.invariant_hooks import InvariantHooks, parameter_checksums
@@ -498,15 +497,18 @@ class Probe:
         return scanned
 
     def _model_checks(self, batch: Any) -> None:
-        """Once, on the held-out batch: is evaluation repeatable, and does the model read only
-        earlier tokens (runner/job/model_checks.py)? A forward these checks cannot run leaves
-        them unread (skipped), never the user's training stopped."""
+        """Once, on the held-out batch: is evaluation repeatable, does the model read only
+        earlier tokens, does a residual stream run through its blocks, is each linear layer
+        fed something nonlinear (runner/job/model_checks.py)? A forward these checks cannot
+        run leaves them unread (skipped), never the user's training stopped."""
         self._model_checked = True
         self.invariants.own_forward = True
         try:
             gap = model_checks.repeat_gap(self.model, lambda: self._loss(batch))
             influence = model_checks.future_influence(self.model, batch, self._loss)
             self.invariants.eval_gap, self.invariants.future_influence = gap, influence
+            cosines, chains = model_checks.structure(self.model, lambda: self._loss(batch))
+            self.invariants.stream_cosines, self.invariants.linear_chains = cosines, chains
         except Exception as error:  # the checks' own forwards: a batch they cannot change
             warnings.warn(f"hyprun probe: model checks skipped: {error}", RuntimeWarning, 3)
         finally:
@@ -590,7 +592,7 @@ class Probe:
         read_invariants(self.facts, self.invariants, self.total_steps, self.epoch_steps)
         checks = [asdict(c) for c in live_checks(self.facts)]
         if tracker := self._open():
-            tracker.set_tags({L0_TAG: json.dumps(checks, default=str)})
+            tracker.set_tags(l0_tags(checks))
 
     def _window(self, now: float) -> dict[str, float]:
         """Loss and throughput over the steps since the last log, as the job logs them."""
@@ -1002,6 +1004,8 @@ def read_invariants(
     facts.loss_inputs = list(hooks.loss_inputs)
     facts.nll_inputs = list(hooks.nll_inputs)
     facts.eval_gap, facts.future_influence = hooks.eval_gap, hooks.future_influence
+    facts.stream_cosines, facts.linear_chains = hooks.stream_cosines, hooks.linear_chains
+    facts.state_resets = list(hooks.state_resets) if hooks.state_reads >= 2 else None
     facts.label_reads = list(hooks.label_reads)
     facts.padding_reads = list(hooks.padding_reads)
     facts.accumulation = hooks.accumulation_reads()
@@ -1025,10 +1029,22 @@ def dropout_max(model: nn.Module) -> tuple[float, list[str]] | None:
     return top, [name for name, rate in rates.items() if rate == top]
 
 
+def norm_gains(model: nn.Module) -> dict[str, float]:
+    """The RMS of each torch norm layer's gain (nn.LayerNorm, nn.RMSNorm; torch starts it at 1).
+    A model's own norm classes are not read: some store the gain as 1 + w (Gemma's), w at 0."""
+    return {
+        name: float(module.weight.detach().float().pow(2).mean().sqrt())
+        for name, module in model.named_modules()
+        if isinstance(module, model_checks.NORMS) and getattr(module, "weight", None) is not None
+    }
+
+
 def read_model(facts: LiveFacts, model: nn.Module) -> None:
-    """The largest dropout rate of its modules (nn.Dropout, attention's own); width and heads
-    for the LR band: a Hugging Face config's, else the token embedding's."""
+    """The largest dropout rate of its modules (nn.Dropout, attention's own); the RMS of torch's
+    norm layers' gains; width and heads for the LR band: a Hugging Face config's, else the
+    token embedding's."""
     facts.dropout_max = dropout_max(model)
+    facts.norm_gains = norm_gains(model)
     config = _hf_config(model)
     if config is not None:
         facts.heads, facts.width = config[1], config[2]
