@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -35,6 +37,16 @@ class TinyLM(nn.Module):
     """On (bug.attention_mask_inverted): the attention gets torch.triu(ones, 1).bool(), the
     positions to mask as nn.MultiheadAttention reads a bool mask, where SDPA reads True as
     may-attend: each position attends only to the tokens after it."""
+    heads_merged_without_permute = False
+    """On (bug.heads_merged_without_permute): the heads' outputs [B, heads, T, head_dim] are
+    reshaped to [B, T, d_model] without moving the head axis back behind the positions first,
+    so each position's vector is made of several positions' outputs of one head."""
+    attention_softmax_over_queries = False
+    """On (bug.attention_softmax_over_queries): the attention weights are normalised over the
+    queries (dim=-2) instead of over the keys (dim=-1)."""
+    dropout_scaled_by_p = False
+    """On (bug.dropout_scaled_by_p): the embeddings' hand-written dropout divides what it keeps
+    by the drop probability p instead of the keep probability 1 - p."""
 
     def __init__(
         self,
@@ -61,7 +73,10 @@ class TinyLM(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         t = x.shape[1]
         h = self.tok_emb(x) + self.pos_emb(torch.arange(t, device=x.device))
-        if self.emb_dropout and self.dropout_ignores_eval:  # training= defaults to True
+        if self.emb_dropout and self.dropout_scaled_by_p:  # kept / p, not / (1 - p)
+            if self.training:  # (lmjohns3/theanets PR 123); evaluation: the identity
+                h = h * (torch.rand_like(h) >= self.emb_dropout) / self.emb_dropout
+        elif self.emb_dropout and self.dropout_ignores_eval:  # training= defaults to True
             h = F.dropout(h, self.emb_dropout)  # rixwew/pytorch-fm#21, pytorch#26338
         elif self.emb_dropout:
             h = F.dropout(h, self.emb_dropout, training=self.training)
@@ -87,7 +102,13 @@ class TinyLM(nn.Module):
     @property
     def layers_by_hand(self) -> bool:
         """A bug flag that changes a line inside the encoder layers is on."""
-        flags = (self.attention_unscaled, self.ffn_activation_missing, self.attention_mask_inverted)
+        flags = (
+            self.attention_unscaled,
+            self.ffn_activation_missing,
+            self.attention_mask_inverted,
+            self.heads_merged_without_permute,
+            self.attention_softmax_over_queries,
+        )
         return any(flags)
 
     def layer_by_hand(self, layer: nn.TransformerEncoderLayer, h, mask) -> torch.Tensor:
@@ -98,7 +119,13 @@ class TinyLM(nn.Module):
 
     def attention(self, layer: nn.TransformerEncoderLayer, h, mask) -> torch.Tensor:
         """Causal multi-head self-attention with the layer's weights (its _sa_block)."""
-        if not self.attention_unscaled and not self.attention_mask_inverted:
+        by_hand = (
+            self.attention_unscaled,
+            self.attention_mask_inverted,
+            self.heads_merged_without_permute,
+            self.attention_softmax_over_queries,
+        )
+        if not any(by_hand):
             return layer._sa_block(h, mask, None, is_causal=True)
         attn = layer.self_attn
         b, t, d = h.shape
@@ -109,8 +136,16 @@ class TinyLM(nn.Module):
         if self.attention_mask_inverted:  # the mask of the future, read as the keys allowed
             future = torch.triu(torch.ones(t, t, dtype=torch.bool, device=h.device), diagonal=1)
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=future, dropout_p=drop)
-        else:  # scale=1.0: q.k not divided by sqrt(head_dim) (PAIR-code/tiny-transformers#71)
+        elif self.attention_softmax_over_queries:  # softmax(dim=-2): each key's column sums
+            scores = q @ k.transpose(-2, -1) / math.sqrt(d // heads) + mask  # to 1 over the
+            weights = F.dropout(scores.softmax(dim=-2), drop)  # queries (labmlai/...#146)
+            out = weights @ v
+        elif self.attention_unscaled:  # scale=1.0: q.k not divided by sqrt(head_dim)
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=drop, scale=1.0)
+        else:  # (PAIR-code/tiny-transformers#71 above); the rest as torch computes it
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=drop)
+        if self.heads_merged_without_permute:  # [B, heads, T, hd] reshaped as it lies in memory
+            return layer.dropout1(attn.out_proj(out.reshape(b, t, d)))  # (jsbaan/...#6)
         out = attn.out_proj(out.transpose(1, 2).reshape(b, t, d))
         return layer.dropout1(out)
 

@@ -7,6 +7,7 @@ is the clean twin. The switches change only the lines their reports got wrong.
 
 from __future__ import annotations
 
+import copy
 import math
 
 import hydra
@@ -44,6 +45,9 @@ def build(cfg: DictConfig) -> tuple:
     model.attention_unscaled = bug.attention_unscaled
     model.ffn_activation_missing = bug.ffn_activation_missing
     model.attention_mask_inverted = bug.attention_mask_inverted  # (rasbt/LLMs-from-scratch#1061)
+    model.heads_merged_without_permute = bug.heads_merged_without_permute
+    model.attention_softmax_over_queries = bug.attention_softmax_over_queries
+    model.dropout_scaled_by_p = bug.dropout_scaled_by_p
     if bug.layer_norm_init_random:  # huggingface/transformers#143: init_bert_weights
         norms_drawn_like_weights(model)
     if cfg.bug.frozen_except_norm:  # PyTorch forum 84911: every weight but the norms frozen
@@ -102,17 +106,20 @@ def weights_drawn_like(module: torch.nn.Module, std: float) -> None:
 
 
 def cosine_schedule(cfg: DictConfig, optimizer) -> torch.optim.lr_scheduler.LambdaLR:
-    """Cosine annealing with restarts (CosineAnnealingWarmupRestarts, no warmup), stepped once
-    per optimizer step: a cycle of `horizon` steps, the peak x RESTART_GAMMA at each restart.
-    The clean horizon is the run, one cycle."""
-    horizon = cfg.train.steps
+    """Cosine annealing with restarts (CosineAnnealingWarmupRestarts), stepped once per optimizer
+    step: a linear warmup over the first `sched.warmup` steps (0: none), then cycles of
+    `horizon` steps less the warmup, the peak x RESTART_GAMMA at each restart. The clean
+    horizon is the run, one cycle."""
+    horizon, warmup = cfg.train.steps, cfg.sched.warmup
     if cfg.bug.schedule_horizon_in_epochs:  # ScrollPrize/villa PR 1495: max_steps=max_epoch
         steps_per_epoch = cfg.data.n_train // (cfg.train.batch * cfg.train.accum)
         horizon = math.ceil(cfg.train.steps / steps_per_epoch)
 
     def factor(step: int) -> float:
-        cycle, within = divmod(step, horizon)
-        return RESTART_GAMMA**cycle * 0.5 * (1 + math.cos(math.pi * within / horizon))
+        if step < warmup:
+            return (step + 1) / warmup
+        cycle, within = divmod(step - warmup, horizon - warmup)
+        return RESTART_GAMMA**cycle * 0.5 * (1 + math.cos(math.pi * within / (horizon - warmup)))
 
     if cfg.bug.lambda_returns_lr:  # the lambda returns the LR, not a factor (lhoyer/MIC#60):
         return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: cfg.optim.lr * factor(s))
@@ -180,9 +187,15 @@ def micro_batches(cfg: DictConfig, data: dict):
         epoch += 1
 
 
-def step_loss(model, micro: list, bug, accum: int, smoothing: float = 0.0) -> float:
-    """Forward and backward over one optimizer step's micro-batches; the step's mean loss."""
-    losses = [token_loss(model(x), x, y, bug, smoothing) for x, y in micro]
+def step_loss(model, micro: list, bug, accum: int, smoothing: float = 0.0, scaler=None) -> float:
+    """Forward and backward over one optimizer step's micro-batches; the step's mean loss.
+    `scaler`: a GradScaler (train.amp=fp16): the forward runs under fp16 autocast and the
+    backward on the scaled loss."""
+    if scaler is not None:
+        with torch.autocast("cpu", dtype=torch.float16):
+            losses = [token_loss(model(x), x, y, bug, smoothing) for x, y in micro]
+    else:
+        losses = [token_loss(model(x), x, y, bug, smoothing) for x, y in micro]
     step_tokens = sum(count for _, count in losses)
     for total, count in losses:
         if bug.accum_grads_zeroed:  # zero_grad inside the micro-batch loop (bytetriper/RAE#67)
@@ -195,8 +208,32 @@ def step_loss(model, micro: list, bug, accum: int, smoothing: float = 0.0) -> fl
             scaled = total / step_tokens / step_tokens
         else:  # the step's token sum over its token count
             scaled = total / step_tokens
+        if scaler is not None:
+            scaled = scaler.scale(scaled)
         scaled.backward(retain_graph=False)
     return float(sum(total.detach() for total, _ in losses)) / step_tokens
+
+
+class ExponentialMovingAverage:
+    """An EMA of the model's weights (train.ema: its decay), updated after each optimizer step
+    and evaluated in the model's place: shadow -= (1 - decay) * (shadow - param).
+    `sign_flipped`: the update adds the gap instead (ostris/ai-toolkit#1034), so the shadow is
+    pushed away from the parameters by a factor 1 + (1 - decay) each step."""
+
+    def __init__(self, model: torch.nn.Module, decay: float, sign_flipped: bool = False):
+        self.model = copy.deepcopy(model).eval()
+        self.decay, self.sign_flipped = decay, sign_flipped
+        for parameter in self.model.parameters():
+            parameter.requires_grad_(False)
+
+    @torch.no_grad()
+    def update(self, model: torch.nn.Module) -> None:
+        for shadow, parameter in zip(self.model.parameters(), model.parameters(), strict=True):
+            gap = shadow - parameter
+            if self.sign_flipped:
+                shadow.add_(gap * (1 - self.decay))
+            else:
+                shadow.sub_(gap * (1 - self.decay))
 
 
 def mean_token_loss(
@@ -215,6 +252,9 @@ def fit(cfg: DictConfig, log=None, probe: bool = True, attach=None, tracker=None
     d, t, bug = cfg.data, cfg.train, cfg.bug
     train_set = sequences(d.n_train, d.vocab, d.seq_len, d.min_len, d.seed)
     heldout = sequences(d.n_eval, d.vocab, d.seq_len, d.min_len, d.eval_seed)
+    if bug.heldout_sliced_from_train:  # the validation rows sliced off the training pool,
+        heldout = {key: rows[: d.n_eval] for key, rows in train_set.items()}  # which training
+        # reads in full (marin-community/marin PR 2700): every held-out row is trained on
     model, optimizer, schedule = build(cfg)
     steps_per_epoch = d.n_train // (t.batch * t.accum)
     stream = micro_batches(cfg, train_set)
@@ -234,6 +274,8 @@ def fit(cfg: DictConfig, log=None, probe: bool = True, attach=None, tracker=None
         )
     if attach:
         attach(model, optimizer)
+    scaler = torch.amp.GradScaler("cpu") if t.amp == "fp16" else None
+    ema = ExponentialMovingAverage(model, t.ema, bug.ema_update_sign_flipped) if t.ema else None
     model.train()
     last = float("nan")
     for step in range(1, t.steps + 1):
@@ -243,27 +285,41 @@ def fit(cfg: DictConfig, log=None, probe: bool = True, attach=None, tracker=None
         if not bug.zero_grad_missing and not per_epoch:
             optimizer.zero_grad()
         micro = [next(stream) for _ in range(t.accum)]
-        loss = step_loss(model, micro, bug, t.accum, t.label_smoothing)
+        loss = step_loss(model, micro, bug, t.accum, t.label_smoothing, scaler)
         if watch:
             watch.after_backward(loss)
         if bug.grads_cleared_before_step:  # backward, zero_grad, step (Tony-Y/pytorch_warmup#12)
             optimizer.zero_grad()
-        if cfg.optim.clip and not bug.clip_after_step:
+        if scaler is not None and not bug.clip_before_unscale:  # unscaled before clipping;
+            scaler.unscale_(optimizer)  # without it the clip reads the scaled gradients
+        if cfg.optim.clip and not bug.clip_after_step:  # (milesial/Pytorch-UNet#468)
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.clip)
         if bug.layer_decay_every_step:  # the layer scale applied at each step, not once
             for group in optimizer.param_groups:  # (jaehyunnn/ViTPose_pytorch#20)
                 group["lr"] *= group.get("lr_scale", 1.0)
-        optimizer.step()
+        if bug.optimizer_step_per_epoch and step % steps_per_epoch != 0:
+            pass  # step() under the epoch loop, after its batches: one step an epoch (XinyiYS/
+            # Gradient-Driven-Rewards-to-Guarantee-Fairness-in-Collaborative-Machine-Learning#3)
+        elif scaler is not None:
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            optimizer.step()
+        if ema is not None:
+            ema.update(model)
         if cfg.optim.clip and bug.clip_after_step:  # clips gradients already applied
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.clip)
         epoch_end = step % steps_per_epoch == 0 and not bug.scheduler_never_stepped
-        per_step = bug.scheduler_per_batch or epoch_end or cfg.sched.name == "cosine"
+        per_batch = cfg.sched.name == "cosine"
+        if bug.warmup_stepped_per_epoch:  # a per-step schedule left at the 'epoch' interval:
+            per_batch = False  # stepped at epoch ends only (ace-step/ACE-Step PR 198)
+        per_step = bug.scheduler_per_batch or epoch_end or per_batch
         if per_step and cfg.sched.name != "plateau":
             schedule.step()
         if step % t.eval_every == 0 or step == t.steps:
             if not bug.eval_without_eval_mode:
                 model.eval()
-            last = eval_loss(model, heldout)
+            last = eval_loss(ema.model if ema is not None else model, heldout)
             if cfg.sched.name == "plateau":
                 schedule.step(last)
             if log:
