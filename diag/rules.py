@@ -225,6 +225,10 @@ class Invariant(Rule):
     """A run-long invariant of hyprun.diag.invariants: held, not measured, or violated."""
 
     outcomes = ("pass", "skip", "violated")
+    flatters_loss: bool = False
+    """Its violation makes the measured loss better than the model is (a leak of the targets):
+    a test that restores it is its fix even where the loss then reads worse
+    (runner/control/verdicts.py, leaks_removed)."""
 
 
 class Checks(Strict):

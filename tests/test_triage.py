@@ -1124,6 +1124,10 @@ NO_CARD_ROWS = {"noisy_labels", "noisy_labels_flat"} | {  # broken invariants: a
     "updates_below_precision",
     "symmetric_init",
     "adam_l2_not_decoupled",
+    "residual_connection_dropped",
+    "activation_missing",
+    "optimizer_state_reset",
+    "layer_norm_init_wrong",
 }
 
 

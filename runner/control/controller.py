@@ -66,7 +66,7 @@ from hyprun.runner.control.context import (
 from hyprun.runner.control.escalation import escalated_note
 from hyprun.runner.control.one_variable import Delta, measure
 from hyprun.runner.control.rounds import in_rounds, test_design
-from hyprun.runner.control.verdicts import record_error, record_verdict
+from hyprun.runner.control.verdicts import leak_fixed, leaks_removed, record_error, record_verdict
 from hyprun.runner.errors import BadInput
 from hyprun.runner.launch.app import HydraApp
 from hyprun.runner.launch.launchers import InProcess, Slurm, cancel_active, split
@@ -325,5 +325,9 @@ def run_test(
         verdict = in_rounds(store, state, test_run, label, delta, launcher, rounds, primary, guards)
     except Exception as error:  # jobs failed, or nothing to compare (ValueError): no strike
         return record_error(store, test_run, label, error)
+    seeds = store.seed_runs(test_run)
+    baseline = [state.baseline_run(int(run.data.tags["hyprun.seed"])) for run in seeds]
+    removed = leaks_removed(store, [r for r in baseline if r], [r.info.run_id for r in seeds])
+    verdict = leak_fixed(verdict, removed)
     extra = {"hyprun.claimed": card.claimed.effect} if card and card.claimed else {}
     return record_verdict(store, state, test_run, label, verdict, extra)

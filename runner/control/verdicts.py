@@ -11,7 +11,9 @@ from typing import Any
 from rich.markup import escape
 
 from hyprun.diag.effect import change, describe, metric_key
+from hyprun.diag.live_checks import read_l0_tags
 from hyprun.diag.metric import MetricSpec
+from hyprun.diag.rules import static_table
 from hyprun.diag.sequential import Design
 from hyprun.diag.verdict import compare
 from hyprun.runner.compose import one_line
@@ -62,6 +64,39 @@ def decide(
         unit=state.unit,
     )
     return verdict.to_dict()
+
+
+def leaks_removed(store: Store, baseline_runs: list[str], test_runs: list[str]) -> list[str]:
+    """The L0 checks whose violation flatters the loss (static.yaml, flatters_loss) that failed
+    in every baseline seed and hold in every seed of the test: the test removed that leak."""
+    leaks = {name for name, rule in static_table()["checks"].items() if rule.get("flatters_loss")}
+
+    def statuses(run_id: str) -> dict[str, str]:
+        checks = read_l0_tags(store.run(run_id).data.tags)
+        return {check["id"]: check["status"] for check in checks if check["id"] in leaks}
+
+    before, after = [statuses(r) for r in baseline_runs], [statuses(r) for r in test_runs]
+    if not before or not after:
+        return []
+    return sorted(
+        leak
+        for leak in leaks
+        if all(seed.get(leak) == "fail" for seed in before)
+        and all(seed.get(leak) == "pass" for seed in after)
+    )
+
+
+def leak_fixed(verdict: dict[str, Any], removed: list[str]) -> dict[str, Any]:
+    """A test that removed a leak is its fix, confirmed whatever its metric did: the loss the
+    leak flattered was never the model's, so a worse one after it is the truth, not a strike."""
+    if not removed or verdict["status"] == "confirmed":
+        return verdict
+    reason = (
+        f"removes a leak: {', '.join(removed)} failed in every baseline seed and holds in every "
+        f"seed of the test; the metric ({verdict['status']}: {verdict['reason']}) now reads "
+        "the model without it"
+    )
+    return {**verdict, "status": "confirmed", "reason": reason, "leaks_removed": removed}
 
 
 def diverged_early(
