@@ -111,6 +111,14 @@ like a weight matrix's (std 0.02: huggingface/transformers#143), so each branch 
 start 50x quieter. Trained gains move away from 1 (some GPT-2 layers read 0.1-0.3), so a
 finding reads it only on a fresh model (its first loss near ln(vocab))."""
 
+DROPOUT_SCALE = 2.0
+"""Ratio of the stream's RMS in a train-mode forward to its RMS in eval mode (the same batch
+and weights) above which training sees activations at another scale than evaluation. Inverted
+dropout at rate p divides what it keeps by 1 - p, so each unit keeps its expectation and its RMS
+grows by at most sqrt(1 / (1 - p)): 1.05 at p = 0.1, 1.41 at p = 0.5; 2 needs p = 0.75, and a
+stream mixing dropped and undropped parts grows less. Dividing by p instead (theanets PR 123)
+grows it 1 / p: 10x at p = 0.1."""
+
 
 @dataclass(frozen=True)
 class Violation:
@@ -558,4 +566,20 @@ def optimizer_state_reset(resets: Sequence[int]) -> list[Violation]:
     return [
         Violation("optimizer_state_kept", f"step {step}", "the optimizer's step count went back")
         for step in resets
+    ]
+
+
+def dropout_misscaled(ratio: float) -> list[Violation]:
+    """A train-mode forward whose stream is DROPOUT_SCALE times or more its eval-mode size:
+    dropout rescales what it keeps wrongly (divided by p, not 1 - p: lmjohns3/theanets PR 123),
+    so training and evaluation see different networks. `ratio`: the largest RMS ratio over the
+    norm layers' inputs. Hook: the probe's step scan, once (model_checks.train_eval_scale)."""
+    if ratio < DROPOUT_SCALE:
+        return []
+    return [
+        Violation(
+            "train_and_eval_at_one_scale",
+            "a norm layer's input, train vs eval mode",
+            f"its RMS is {ratio:.2g}x larger in train mode",
+        )
     ]

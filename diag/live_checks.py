@@ -163,6 +163,12 @@ class LiveFacts:
     unchanged, at the first step scan (invariants.linear_without_activation); None: not read."""
     norm_gains: dict[str, float] = field(default_factory=dict)
     """By torch norm layer (nn.LayerNorm, nn.RMSNorm): its gain's RMS at the first step."""
+    train_eval_scale: float | None = None
+    """Train-mode over eval-mode RMS of the norm layers' inputs at the first step scan
+    (invariants.dropout_misscaled); None: not read."""
+    heldout_overlap: tuple[int, int] | None = None
+    """(held-out rows met among the training rows of the probed steps, the held-out batch's
+    rows) (the data check heldout_overlap, read live); None: no held-out batch of ids."""
     state_resets: list[int] | None = None
     """Optimizer steps at which its own step count went back (invariants.optimizer_state_reset);
     None: fewer than two steps' counts read (SGD keeps none)."""
@@ -326,6 +332,13 @@ def invariant_checks(facts: LiveFacts, rules: dict) -> list[Check]:
             lambda _: invariants.stream_not_carried(facts.stream_cosines),
             f"cosine >= {invariants.STREAM_CARRY:g}",
         ),
+        _measured(
+            rules["dropout_scale_wrong"],
+            facts.train_eval_scale,
+            invariants.dropout_misscaled,
+            f"ratio < {invariants.DROPOUT_SCALE:g}",
+        ),
+        _heldout_overlap(facts, rules["heldout_overlap"]),
         _judged(
             rules["activation_missing"], facts.linear_chains, invariants.linear_without_activation
         ),
@@ -350,6 +363,19 @@ def _warmup_reach(facts: LiveFacts) -> list[invariants.Violation] | None:
     if not facts.total_steps or len(facts.lrs) <= facts.total_steps // 2:
         return None
     return invariants.warmup_never_ends(facts.lrs, facts.total_steps, facts.peak_lr)
+
+
+def _heldout_overlap(facts: LiveFacts, rule: dict) -> Check:
+    """The data check heldout_overlap (static.py) read live: the share of the held-out batch's
+    rows met among the training rows of the probed steps."""
+    threshold = f"held-out rows met in training (probed steps) <= {rule['fail_above']:g}"
+    if not facts.heldout_overlap or not facts.heldout_overlap[1]:
+        return _check(rule, "skip", "skip", None, threshold)
+    seen, rows = facts.heldout_overlap
+    share = round(seen / rows, 4)
+    if share <= rule["fail_above"]:
+        return _check(rule, "pass", "pass", share, threshold)
+    return _check(rule, "fail", "leaked", share, threshold)
 
 
 def _next_token_task(facts: LiveFacts) -> bool:

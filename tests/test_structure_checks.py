@@ -24,7 +24,7 @@ from tests.helpers import probe_checks
 
 VOCAB, WIDTH, SEQ = 32, 16, 12
 CHECKS = ("residual_connection_dropped", "activation_missing", "norm_gains_small")
-CHECKS += ("optimizer_state_reset",)
+CHECKS += ("optimizer_state_reset", "dropout_scale_wrong", "heldout_overlap")
 
 
 class Block(nn.Module):
@@ -52,6 +52,7 @@ class TinyLM(nn.Module):
     def __init__(self, bug: str = ""):
         super().__init__()
         torch.manual_seed(0)
+        self.bug = bug
         self.embed = nn.Embedding(VOCAB, WIDTH)
         self.blocks = nn.ModuleList([Block(bug), Block(bug)])
         self.norm = nn.LayerNorm(WIDTH)
@@ -63,6 +64,10 @@ class TinyLM(nn.Module):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         h = self.embed(ids)
+        if self.training and self.bug == "dropout_by_p":  # theanets PR 123: kept / p
+            h = h * (torch.rand_like(h) >= 0.1) / 0.1
+        elif self.training:
+            h = F.dropout(h, 0.1)
         for block in self.blocks:
             h = block(h)
         return self.head(self.norm(h))
@@ -120,7 +125,8 @@ def probed_loop(bug: str = "") -> dict[str, str]:
     for step in range(6):
         if bug == "state_reset" and step == 3:  # a fresh Adam each epoch: moments start over
             optimizer.state.clear()
-        loss = loss_of(model, batch(step))
+        rows = batch(99 if bug == "heldout_from_train" and step == 2 else step)  # marin PR 2700
+        loss = loss_of(model, rows)
         loss.backward()
         probe.after_backward(loss)
         optimizer.step()
@@ -138,6 +144,8 @@ def test_through_the_probe_each_bug_fails_its_own_check_and_only_it(uri):
         ("no_activation", "activation_missing", "fail"),
         ("norm_init", "norm_gains_small", "warn"),
         ("state_reset", "optimizer_state_reset", "fail"),
+        ("dropout_by_p", "dropout_scale_wrong", "fail"),
+        ("heldout_from_train", "heldout_overlap", "fail"),
     ]:
         found = probed_loop(bug)
         assert found.pop(check) == status, bug

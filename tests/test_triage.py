@@ -1128,6 +1128,7 @@ NO_CARD_ROWS = {"noisy_labels", "noisy_labels_flat"} | {  # broken invariants: a
     "activation_missing",
     "optimizer_state_reset",
     "layer_norm_init_wrong",
+    "dropout_scale_wrong",
 }
 
 

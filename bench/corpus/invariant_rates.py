@@ -51,6 +51,8 @@ PROBE_CHECKS = (
     "activation_missing",
     "norm_gains_small",
     "optimizer_state_reset",
+    "dropout_scale_wrong",
+    "heldout_overlap",
 )
 """Checks read from the probe's L0 record (they need its step scan, its loss reads or the live
 optimizer and model); a fail or a warning on a healthy run is a false alarm."""

@@ -9,6 +9,8 @@ is already there (zero_grad(set_to_none=True), torch's default, leaves None: not
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 import torch
@@ -157,19 +159,33 @@ class StepLoss:
     """Their counted tokens."""
 
 
-class InvariantHooks:
-    """Attach to a model; call `stepped(step)` after each optimizer step.
+OWN_FORWARDS: ContextVar[int] = ContextVar("hyprun_own_forwards", default=0)
+"""Depth of `own_forwards` blocks: forwards the probe runs of its own."""
 
-    own_forward: set while the caller runs forwards of its own (the probe's step scan) so they
-    are not read as the loop's evaluation.
-    """
+
+@contextmanager
+def own_forwards():
+    """Forwards a probe runs of its own (the step scan, the model checks, a NaN replay): no
+    InvariantHooks reads them as the loop's training or evaluation, the probe's or another's."""
+    token = OWN_FORWARDS.set(OWN_FORWARDS.get() + 1)
+    try:
+        yield
+    finally:
+        OWN_FORWARDS.reset(token)
+
+
+def in_own_forward() -> bool:
+    return OWN_FORWARDS.get() > 0
+
+
+class InvariantHooks:
+    """Attach to a model; call `stepped(step)` after each optimizer step."""
 
     def __init__(self, model: nn.Module, checked_steps=lambda step: step < 3):
         self.model = model
         self.modules = mode_modules(model)
         self.checked_steps = checked_steps
         """step -> whether the first backward of that step reads the gradients left over."""
-        self.own_forward = False
         self.eval_at_train: set[str] = set()
         """Mode modules in eval mode at a forward that an optimizer step then used."""
         self.train_at_eval: set[str] = set()
@@ -198,6 +214,12 @@ class InvariantHooks:
         """Linear pairs, the second fed the first's output unchanged (model_checks.structure)."""
         self.state_resets: list[int] = []
         """Optimizer steps at which the optimizer's own step count went back (its state reset)."""
+        self.train_eval_scale: float | None = None
+        """Train-mode over eval-mode RMS of the norm layers' inputs (model_checks), once read."""
+        self.heldout_rows: set[int] | None = None
+        """A hash of each row of the held-out batch's ids, once the probe has read it."""
+        self.heldout_seen: set[int] = set()
+        """Held-out rows met among the training rows of the checked steps."""
         self.state_reads = 0
         """Optimizer steps whose step count was read (SGD keeps none)."""
         self._state_step: float | None = None
@@ -240,7 +262,7 @@ class InvariantHooks:
                 self._handles.append(parameter.register_hook(self._before_accumulation(parameter)))
 
     def _forward(self, module: nn.Module, args, kwargs) -> None:
-        if self.own_forward:
+        if in_own_forward():
             return
         if self._step < LOSS_READ_STEPS and torch.is_grad_enabled():
             self._inputs = _input_ids(args, kwargs)
@@ -254,6 +276,10 @@ class InvariantHooks:
             if self._loss_mode is None:
                 self._loss_mode = LossInputs(self)  # until the backward is done
                 self._loss_mode.__enter__()
+        if self.heldout_rows and torch.is_grad_enabled() and self.checked_steps(self._step):
+            ids = _input_ids(args, kwargs)
+            if ids is not None:
+                self.heldout_seen |= self.heldout_rows & set(row_hashes(ids))
         if not self.modules:
             return
         if torch.is_grad_enabled():  # the modes a backward, then a step, will train with
@@ -372,6 +398,12 @@ class InvariantHooks:
         for handle in self._handles:
             handle.remove()
         self._handles = []
+
+
+def row_hashes(ids: torch.Tensor) -> list[int]:
+    """A hash of each row of a (rows, positions) tensor of ids, equal for equal rows."""
+    rows = ids.detach().to("cpu", torch.int64).numpy()
+    return [hash(row.tobytes()) for row in rows]
 
 
 def _input_ids(args: tuple, kwargs: dict) -> torch.Tensor | None:

@@ -7,9 +7,12 @@ hyprun.diag.invariants:
   (future_visible);
 - a residual stream: the inputs of a block's norm layers carry the stream from one to the next
   (stream_not_carried);
-- nonlinear: no linear layer is fed another's output unchanged (linear_without_activation).
+- nonlinear: no linear layer is fed another's output unchanged (linear_without_activation);
+- a training forward at the scale of evaluation: dropout keeps each unit's expectation, so the
+  stream a norm layer reads is about as large in train mode as in eval mode
+  (dropout_misscaled).
 
-Five forwards per run, in eval mode without autograd, inside a forked RNG: the training that
+Seven forwards per run, in eval mode without autograd, inside a forked RNG: the training that
 follows draws the same random numbers as without them.
 """
 
@@ -36,7 +39,7 @@ def future_influence(model: nn.Module, batch: Any, loss: Callable[[Any], Any]) -
     outputs. The quarter leaves room for a loss that feeds the model its ids shifted by one
     (`tokens[:, :-1]`). None: the batch holds no (rows, positions) ids, or no module returned
     an output per row and position."""
-    ids = _ids(batch)
+    ids = input_ids(batch)
     if ids is None or ids.shape[1] < 8:
         return None
     changed = ids.clone()
@@ -112,6 +115,39 @@ def structure(model: nn.Module, loss: Callable[[], Any]) -> tuple[dict[str, floa
         for handle in handles:
             handle.remove()
     return cosines, chains
+
+
+def train_eval_scale(model: nn.Module, loss: Callable[[], Any]) -> float | None:
+    """The largest ratio, over the per-position norm layers, of the RMS of the input a norm
+    layer reads in a train-mode forward to the one it reads in an eval-mode forward of the same
+    batch at the same weights (no autograd, the RNG forked). None: no norm layer was called."""
+    norms = [m for m in model.modules() if is_norm(m)]
+    if not norms:
+        return None
+    train = _norm_input_rms(model, norms, loss, training=True)
+    evaluation = _norm_input_rms(model, norms, loss, training=False)
+    ratios = [train[k] / evaluation[k] for k in train if evaluation.get(k, 0) > 0]
+    return max(ratios) if ratios else None
+
+
+def _norm_input_rms(model, norms, loss, training: bool) -> dict[int, float]:
+    """By norm layer (its id): the RMS of its first input in one forward in the given mode."""
+    found: dict[int, float] = {}
+
+    def read(module, args) -> None:
+        if args and torch.is_tensor(args[0]) and id(module) not in found:
+            found[id(module)] = float(args[0].detach().float().pow(2).mean().sqrt())
+
+    handles = [norm.register_forward_pre_hook(read) for norm in norms]
+    try:
+        with _evaluating(model):
+            model.train(training)
+            torch.manual_seed(0)
+            loss()
+    finally:
+        for handle in handles:
+            handle.remove()
+    return found
 
 
 def _norm_parents(model: nn.Module) -> dict[int, str]:
@@ -190,7 +226,7 @@ def _last_output(model: nn.Module, forward: Callable[[], Any], ids_shape) -> tor
     return seen[-1] if seen else None
 
 
-def _ids(batch: Any) -> torch.Tensor | None:
+def input_ids(batch: Any) -> torch.Tensor | None:
     """The batch's input ids: `input_ids`, else its first integer (rows, positions) tensor."""
     if isinstance(batch, dict):
         candidates = [batch["input_ids"]] if "input_ids" in batch else list(batch.values())

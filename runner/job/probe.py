@@ -50,7 +50,13 @@ from hyprun.diag.features import SCAN_BATCH_LOSS, SCAN_TAG, VOCAB_TAG
 from hyprun.diag.live_checks import LiveFacts, l0_tags, live_checks
 from hyprun.diag.spikes import SpikeDetector
 from hyprun.runner.job import model_checks, stop
-from hyprun.runner.job.invariant_hooks import InvariantHooks, parameter_checksums
+from hyprun.runner.job.invariant_hooks import (
+    InvariantHooks,
+    in_own_forward,
+    own_forwards,
+    parameter_checksums,
+    row_hashes,
+)
 
 STEP_UNITS = ("tokens", "steps")
 NO_HELDOUT = "no held-out batch was given (Probe(..., heldout=batch))"
@@ -396,7 +402,7 @@ class Probe:
         self._normalised_over_step = kwargs.get("num_items_in_batch") is not None
 
     def _after_forward(self, module, args, output) -> None:
-        if not torch.is_grad_enabled() and not self.invariants.own_forward:
+        if not torch.is_grad_enabled() and not in_own_forward():
             self.not_waiting()  # an evaluation between steps is the loop's work, not a fetch
         if self.losses_told or not (module.training and torch.is_grad_enabled()):
             return
@@ -486,12 +492,10 @@ class Probe:
         try:
             batch = self._heldout_batch()
             data = [p.data for p in params]
-            self.invariants.own_forward = True  # not the loop's evaluation
-            scanned = self._scan(self.model, data, delta, lambda: self._loss(batch))
+            with own_forwards():  # not the loop's evaluation
+                scanned = self._scan(self.model, data, delta, lambda: self._loss(batch))
         except Exception as error:  # whatever the user's forward raises on this batch
             return self._scan_stops(f"the held-out forward failed: {type(error).__name__}: {error}")
-        finally:
-            self.invariants.own_forward = False
         if not self._model_checked:
             self._model_checks(batch)
         return scanned
@@ -502,17 +506,18 @@ class Probe:
         fed something nonlinear (runner/job/model_checks.py)? A forward these checks cannot
         run leaves them unread (skipped), never the user's training stopped."""
         self._model_checked = True
-        self.invariants.own_forward = True
         try:
-            gap = model_checks.repeat_gap(self.model, lambda: self._loss(batch))
-            influence = model_checks.future_influence(self.model, batch, self._loss)
-            self.invariants.eval_gap, self.invariants.future_influence = gap, influence
-            cosines, chains = model_checks.structure(self.model, lambda: self._loss(batch))
-            self.invariants.stream_cosines, self.invariants.linear_chains = cosines, chains
+            with own_forwards():
+                self._read_model_checks(batch)
         except Exception as error:  # the checks' own forwards: a batch they cannot change
             warnings.warn(f"hyprun probe: model checks skipped: {error}", RuntimeWarning, 3)
-        finally:
-            self.invariants.own_forward = False
+
+    def _read_model_checks(self, batch: Any) -> None:
+        hooks, loss = self.invariants, lambda: self._loss(batch)
+        hooks.eval_gap = model_checks.repeat_gap(self.model, loss)
+        hooks.future_influence = model_checks.future_influence(self.model, batch, self._loss)
+        hooks.stream_cosines, hooks.linear_chains = model_checks.structure(self.model, loss)
+        hooks.train_eval_scale = model_checks.train_eval_scale(self.model, loss)
 
     def _scan_stops(self, reason: str) -> dict[str, float]:
         self.scan_off = reason
@@ -526,6 +531,9 @@ class Probe:
         if not self._heldout_ready:
             found = self._heldout() if callable(self._heldout) else self._heldout
             self._heldout, self._heldout_ready = _to_device(found, self._device()), True
+            ids = model_checks.input_ids(found)
+            if ids is not None and ids.dim() == 2:  # its rows, to meet them in training
+                self.invariants.heldout_rows = set(row_hashes(ids))
         return self._heldout
 
     def _loss(self, batch: Any) -> torch.Tensor:
@@ -656,15 +664,14 @@ class Probe:
         """A non-finite loss: name the first module that produced one, record it, stop."""
         self.diverged = True
         self._close_activations()
-        self.invariants.own_forward = True  # the replay is not the loop's evaluation
-        if self._replay is not None:
-            self.nan_module = probes.first_nonfinite_module(self.model, self._replay)
-        elif self._last_inputs is not None:
-            args, kwargs = self._last_inputs
-            self.nan_module = probes.first_nonfinite_module(
-                self.model, lambda: self.model(*args, **kwargs)
-            )
-        self.invariants.own_forward = False
+        with own_forwards():  # the replay is not the loop's evaluation
+            if self._replay is not None:
+                self.nan_module = probes.first_nonfinite_module(self.model, self._replay)
+            elif self._last_inputs is not None:
+                args, kwargs = self._last_inputs
+                self.nan_module = probes.first_nonfinite_module(
+                    self.model, lambda: self.model(*args, **kwargs)
+                )
         self.steps += 1
         self.tokens += self.tokens_per_step or self._step_tokens * self.world
         self._log({"train/loss": float("nan")})
@@ -1006,6 +1013,9 @@ def read_invariants(
     facts.eval_gap, facts.future_influence = hooks.eval_gap, hooks.future_influence
     facts.stream_cosines, facts.linear_chains = hooks.stream_cosines, hooks.linear_chains
     facts.state_resets = list(hooks.state_resets) if hooks.state_reads >= 2 else None
+    facts.train_eval_scale = hooks.train_eval_scale
+    if hooks.heldout_rows:
+        facts.heldout_overlap = (len(hooks.heldout_seen), len(hooks.heldout_rows))
     facts.label_reads = list(hooks.label_reads)
     facts.padding_reads = list(hooks.padding_reads)
     facts.accumulation = hooks.accumulation_reads()
