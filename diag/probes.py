@@ -242,9 +242,12 @@ class StepScan:
         params: list[torch.Tensor],
         delta: list[torch.Tensor],
         heldout_loss: Callable[[], Any],
+        before_step: Callable[[], Any] | None = None,
     ) -> dict[str, float]:
         """{`step/loss_x<multiple>`: loss}. `params`: the live weights (`.data`); `delta`: the
-        step just taken, fp32, same shapes; `heldout_loss()`: one forward on the held-out batch."""
+        step just taken, fp32, same shapes; `heldout_loss()`: one forward on the held-out batch;
+        `before_step()`: called once with the weights as they were before the step (at the first
+        step, the model as initialised)."""
         if [t.shape for t in self._taken] != [p.shape for p in params]:
             self._taken = [torch.empty_like(p) for p in params]
         torch._foreach_copy_(self._taken, params)
@@ -252,6 +255,9 @@ class StepScan:
         model.eval()
         losses: dict[str, float] = {}
         try:
+            if before_step is not None:
+                torch._foreach_add_(params, delta, alpha=-1.0)
+                before_step()
             for multiple in self.multiples:
                 torch._foreach_copy_(params, self._taken)
                 if multiple != 1.0:

@@ -169,10 +169,17 @@ def test_the_step_scan_puts_the_weights_back_bit_for_bit():
     taken = [p.clone() for p in params]
     delta = [torch.randn_like(p) * 1e-2 for p in params]
     x, y = next(batches(1))
-    losses = StepScan()(model, params, delta, lambda: model(x, y))
+    before: list[torch.Tensor] = []  # the model checks read the weights before the step
+
+    def read_before() -> None:
+        before.extend(p.clone() for p in params)
+
+    losses = StepScan()(model, params, delta, lambda: model(x, y), read_before)
     assert list(losses) == [f"step/loss_x{m:g}" for m in STEP_MULTIPLES]
     assert all(torch.equal(p, t) for p, t in zip(params, taken, strict=True))
     assert losses["step/loss_x1"] == pytest.approx(float(model.eval()(x, y)))
+    for old, now, step in zip(before, taken, delta, strict=True):
+        assert torch.allclose(old, now - step, atol=1e-6)
 
 
 def test_probes_past_the_free_ones_wait_while_over_the_overhead_cap():

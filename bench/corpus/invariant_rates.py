@@ -101,7 +101,10 @@ def fired(overrides: list[str], seed: int) -> dict[str, list[str]]:
     cfg = app_config("loop", [*overrides, f"seed={seed}"])
     watches: list[InvariantWatch] = []
     recorder = Recorder()
-    attach = lambda model, opt: watches.append(InvariantWatch(model, opt))  # noqa: E731
+
+    def attach(model, optimizer) -> None:
+        watches.append(InvariantWatch(model, optimizer))
+
     fit(cfg, probe=True, attach=attach, tracker=recorder)
     found = watches[0].violations(cfg.train.steps)
     out = {name: [v.where for v in found[name]] for name in found if found[name]}

@@ -492,16 +492,17 @@ class Probe:
         try:
             batch = self._heldout_batch()
             data = [p.data for p in params]
+            # the model checks read the model before the step: at the first, as initialised
+            checks = None if self._model_checked else lambda: self._model_checks(batch)
             with own_forwards():  # not the loop's evaluation
-                scanned = self._scan(self.model, data, delta, lambda: self._loss(batch))
+                scanned = self._scan(self.model, data, delta, lambda: self._loss(batch), checks)
         except Exception as error:  # whatever the user's forward raises on this batch
             return self._scan_stops(f"the held-out forward failed: {type(error).__name__}: {error}")
-        if not self._model_checked:
-            self._model_checks(batch)
         return scanned
 
     def _model_checks(self, batch: Any) -> None:
-        """Once, on the held-out batch: is evaluation repeatable, does the model read only
+        """Once, on the held-out batch, with the weights before the first scanned step (the
+        model as initialised): is evaluation repeatable, does the model read only
         earlier tokens, does a residual stream run through its blocks, is each linear layer
         fed something nonlinear (runner/job/model_checks.py)? A forward these checks cannot
         run leaves them unread (skipped), never the user's training stopped."""
