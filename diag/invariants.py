@@ -103,7 +103,10 @@ branch's output (x + f(x)), so their inputs point the same way (healthy at the f
 0.99 on the corpus loop, the HF GPT-2 and the job's GPT). A branch must outweigh the stream
 about 4 to 1 to bring the cosine down to this cut. A block that replaces the stream by its
 branch (x = f(x)) leaves two inputs as unrelated as two random directions: |cosine| about
-1/sqrt(width) per position, near 0 averaged (the corpus loop's overwritten stream: -0.01, 0.04)."""
+1/sqrt(width) per position, near 0 averaged (the corpus loop's overwritten stream: -0.01, 0.04).
+A pair whose second input is 1 / STREAM_CARRY times the first's RMS or more is not judged: a
+branch that outweighs the stream that much (weights drawn far too large: init_too_large) brings
+the cosine as low with the stream intact (the corpus loop at init std 1: 46x)."""
 NORM_GAIN_MIN = 0.1
 """RMS of a norm layer's gain below which a fresh model's norm scales its output down tenfold
 or more. torch starts every gain at 1; a weight init applied to every parameter draws the gains
@@ -523,16 +526,23 @@ def loss_rescaled(steps: Sequence[tuple[float, int]]) -> list[Violation]:
     return found
 
 
-def stream_not_carried(cosines: Mapping[str, float]) -> list[Violation]:
+def lowest_stream_cosine(pairs: Mapping[str, tuple[float, float]]) -> float | None:
+    """The lowest cosine of the pairs stream_not_carried judges (None: no pair judged)."""
+    judged = [cosine for cosine, growth in pairs.values() if growth < 1 / STREAM_CARRY]
+    return min(judged) if judged else None
+
+
+def stream_not_carried(pairs: Mapping[str, tuple[float, float]]) -> list[Violation]:
     """A block whose norm layers' inputs are unrelated: the stream the first read did not reach
     the second, so the block overwrites the residual stream with its branch (kyegomez/BitNet
-    #32: x = attn(x)) and every layer before it is lost to the loss. `cosines`: by pair of one
-    block's norm layers called in a row, their inputs' mean cosine over positions. Hook: the
-    probe's step scan, once, in eval mode (runner/job/model_checks.py, structure)."""
+    #32: x = attn(x)) and every layer before it is lost to the loss. `pairs`: by pair of one
+    block's norm layers called in a row, their inputs' mean cosine over positions and the
+    second's RMS over the first's (see STREAM_CARRY). Hook: the probe's step scan, once, in
+    eval mode, on the model as initialised (runner/job/model_checks.py, structure)."""
     return [
         Violation("residual_stream_carried", pair, f"their inputs' mean cosine is {cosine:.2f}")
-        for pair, cosine in cosines.items()
-        if cosine < STREAM_CARRY
+        for pair, (cosine, growth) in pairs.items()
+        if cosine < STREAM_CARRY and growth < 1 / STREAM_CARRY
     ]
 
 

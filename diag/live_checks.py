@@ -155,9 +155,10 @@ class LiveFacts:
     accumulation: list[tuple[int, float, int]] = field(default_factory=list)
     """Per first step split into micro-batches: (micro-batches, total weight of its tokens in
     the backpropagated loss, its tokens) (invariants.accumulation_scale)."""
-    stream_cosines: dict[str, float] | None = None
+    stream_pairs: dict[str, tuple[float, float]] | None = None
     """By pair of one block's norm layers called in a row: the mean cosine over positions of
-    their inputs, at the first step scan (invariants.stream_not_carried); None: not read."""
+    their inputs and the second's RMS over the first's, on the model as initialised
+    (invariants.stream_not_carried); None: not read."""
     linear_chains: list[str] | None = None
     """Linear pairs without a bottleneck whose second layer was fed the first's output
     unchanged, at the first step scan (invariants.linear_without_activation); None: not read."""
@@ -328,8 +329,8 @@ def invariant_checks(facts: LiveFacts, rules: dict) -> list[Check]:
         ),
         _measured(
             rules["residual_connection_dropped"],
-            min(facts.stream_cosines.values()) if facts.stream_cosines else None,
-            lambda _: invariants.stream_not_carried(facts.stream_cosines),
+            invariants.lowest_stream_cosine(facts.stream_pairs or {}),
+            lambda _: invariants.stream_not_carried(facts.stream_pairs),
             f"cosine >= {invariants.STREAM_CARRY:g}",
         ),
         _measured(

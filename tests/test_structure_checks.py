@@ -15,7 +15,10 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import GPT2Config, GPT2LMHeadModel
 
+from bench.corpus.apps.loop.train import build
+from bench.corpus.compose import app_config
 from hyprun.diag.evidence import Evidence
+from hyprun.diag.invariants import stream_not_carried
 from hyprun.diag.live_checks import LiveFacts, live_checks
 from hyprun.diag.triage import triage
 from hyprun.runner.job.model_checks import structure
@@ -87,16 +90,25 @@ def test_the_structure_read_sees_a_dropped_stream_and_a_missing_activation_only_
     def read(model):
         return structure(model, lambda: loss_of(model, batch(0)))
 
-    cosines, chains = read(TinyLM())
-    assert len(cosines) == 2 and min(cosines.values()) > 0.9 and chains == []
-    cosines, _ = read(TinyLM("stream_overwritten"))
-    assert max(cosines.values()) < 0.25
+    pairs, chains = read(TinyLM())
+    assert len(pairs) == 2 and min(c for c, _ in pairs.values()) > 0.9 and chains == []
+    assert stream_not_carried(pairs) == []
+    pairs, _ = read(TinyLM("stream_overwritten"))
+    assert len(stream_not_carried(pairs)) == 2
     _, chains = read(TinyLM("no_activation"))
     assert chains == ["blocks.0.up -> blocks.0.down", "blocks.1.up -> blocks.1.down"]
+    # the corpus loop at init std 1 (EasyLM#114): branches outweigh an intact stream, not judged
+    corpus_loop, *_ = build(app_config("loop", ["bug.init_std_one=true"]))
+    x, y = batch(0)
+    pairs, _ = structure(
+        corpus_loop, lambda: F.cross_entropy(corpus_loop(x).flatten(0, 1), y.flatten())
+    )
+    assert any(cosine < 0.25 and growth > 4 for cosine, growth in pairs.values())
+    assert stream_not_carried(pairs) == []
     gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=VOCAB))
     ids = batch(0)[0]
-    cosines, chains = structure(gpt2, lambda: gpt2(input_ids=ids, labels=ids).loss)
-    assert len(cosines) == 2 and min(cosines.values()) > 0.9 and chains == []
+    pairs, chains = structure(gpt2, lambda: gpt2(input_ids=ids, labels=ids).loss)
+    assert len(pairs) == 2 and stream_not_carried(pairs) == [] and chains == []
 
 
 def test_a_bottleneck_or_an_in_place_activation_is_no_linear_pair():
@@ -162,7 +174,7 @@ def facts(**changes) -> LiveFacts:
 @pytest.mark.parametrize(
     "changes, finding",
     [
-        ({"stream_cosines": {"b.norm1 -> b.norm2": 0.02}}, "residual_connection_dropped"),
+        ({"stream_pairs": {"b.norm1 -> b.norm2": (0.02, 0.3)}}, "residual_connection_dropped"),
         ({"linear_chains": ["b.up -> b.down"]}, "activation_missing"),
         ({"state_resets": [3]}, "optimizer_state_reset"),
     ],

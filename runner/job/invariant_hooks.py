@@ -208,8 +208,8 @@ class InvariantHooks:
         """Two eval-mode held-out losses' relative gap (model_checks.repeat_gap), once read."""
         self.future_influence: float | None = None
         """The early outputs' move when later ids change (model_checks.future_influence)."""
-        self.stream_cosines: dict[str, float] | None = None
-        """By pair of one block's norm layers: their inputs' mean cosine (model_checks)."""
+        self.stream_pairs: dict[str, tuple[float, float]] | None = None
+        """By pair of one block's norm layers: their inputs' mean cosine and RMS growth."""
         self.linear_chains: list[str] | None = None
         """Linear pairs, the second fed the first's output unchanged (model_checks.structure)."""
         self.state_resets: list[int] = []

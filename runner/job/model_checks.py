@@ -1,5 +1,5 @@
-"""Facts of a model's evaluation forward, read once on the probe's held-out batch for
-hyprun.diag.invariants:
+"""Facts of a model's forward, read once on the probe's held-out batch with the weights before
+the first scanned step (the model as initialised) for hyprun.diag.invariants:
 
 - repeatable: in eval mode the same batch at the same weights gives the same loss
   (eval_not_repeatable);
@@ -12,8 +12,8 @@ hyprun.diag.invariants:
   stream a norm layer reads is about as large in train mode as in eval mode
   (dropout_misscaled).
 
-Seven forwards per run, in eval mode without autograd, inside a forked RNG: the training that
-follows draws the same random numbers as without them.
+Seven forwards per run without autograd, all in eval mode but one, inside a forked RNG: the
+training that follows draws the same random numbers as without them.
 """
 
 from __future__ import annotations
@@ -64,14 +64,17 @@ too (Hugging Face's, a model's own). Their input is the residual stream where a 
 it before each branch (pre-norm) or after adding each branch (post-norm)."""
 
 
-def structure(model: nn.Module, loss: Callable[[], Any]) -> tuple[dict[str, float], list[str]]:
-    """One eval forward read by hooks: (the mean cosine over positions between the inputs of
-    each two norm layers of one block, called one after the other, by "first -> second"; the
-    linear pairs whose second layer's input is the first's output unchanged, as "first ->
-    second"). A block's norm layers are siblings of one parent module; a linear pair counts only
+def structure(
+    model: nn.Module, loss: Callable[[], Any]
+) -> tuple[dict[str, tuple[float, float]], list[str]]:
+    """One eval forward read by hooks: (by "first -> second", each two norm layers of one block
+    called one after the other: the mean cosine over positions between their inputs and the
+    second input's RMS over the first's; the linear pairs whose second layer's input is the
+    first's output unchanged, as "first -> second"). A block's norm layers are siblings of one
+    parent module; a linear pair counts only
     without a bottleneck (the middle width at least the narrower end's), so a low-rank
     factorisation (LoRA) is not one."""
-    cosines: dict[str, float] = {}
+    pairs: dict[str, tuple[float, float]] = {}
     chains: list[str] = []
     names = {id(module): name for name, module in model.named_modules()}
     parents = _norm_parents(model)
@@ -85,8 +88,12 @@ def structure(model: nn.Module, loss: Callable[[], Any]) -> tuple[dict[str, floa
         parent, name = parents[id(module)], names[id(module)]
         previous = last_norm[0]
         if previous and previous[0] == parent and previous[2].shape == x.shape:
-            similarity = F.cosine_similarity(previous[2].float(), x.float(), dim=-1)
-            cosines[f"{previous[1]} -> {name}"] = float(similarity.mean())
+            first, second = previous[2].float(), x.float()
+            cosine = float(F.cosine_similarity(first, second, dim=-1).mean())
+            growth = float(
+                second.pow(2).mean().sqrt() / first.pow(2).mean().sqrt().clamp_min(1e-12)
+            )
+            pairs[f"{previous[1]} -> {name}"] = (cosine, growth)
         last_norm[0] = (parent, name, x)
 
     def linear_output(module, args, output) -> None:
@@ -114,7 +121,7 @@ def structure(model: nn.Module, loss: Callable[[], Any]) -> tuple[dict[str, floa
     finally:
         for handle in handles:
             handle.remove()
-    return cosines, chains
+    return pairs, chains
 
 
 def train_eval_scale(model: nn.Module, loss: Callable[[], Any]) -> float | None:

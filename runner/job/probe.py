@@ -517,7 +517,7 @@ class Probe:
         hooks, loss = self.invariants, lambda: self._loss(batch)
         hooks.eval_gap = model_checks.repeat_gap(self.model, loss)
         hooks.future_influence = model_checks.future_influence(self.model, batch, self._loss)
-        hooks.stream_cosines, hooks.linear_chains = model_checks.structure(self.model, loss)
+        hooks.stream_pairs, hooks.linear_chains = model_checks.structure(self.model, loss)
         hooks.train_eval_scale = model_checks.train_eval_scale(self.model, loss)
 
     def _scan_stops(self, reason: str) -> dict[str, float]:
@@ -1012,7 +1012,7 @@ def read_invariants(
     facts.loss_inputs = list(hooks.loss_inputs)
     facts.nll_inputs = list(hooks.nll_inputs)
     facts.eval_gap, facts.future_influence = hooks.eval_gap, hooks.future_influence
-    facts.stream_cosines, facts.linear_chains = hooks.stream_cosines, hooks.linear_chains
+    facts.stream_pairs, facts.linear_chains = hooks.stream_pairs, hooks.linear_chains
     facts.state_resets = list(hooks.state_resets) if hooks.state_reads >= 2 else None
     facts.train_eval_scale = hooks.train_eval_scale
     if hooks.heldout_rows:
