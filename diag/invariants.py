@@ -99,7 +99,7 @@ the mask every position reads the whole row and moves by a share of its own scal
 
 STREAM_CARRY = 0.25
 """A block's norm layers read the residual stream: the second reads the first's input plus one
-branch's output (x + f(x)), so their inputs point the same way (healthy at the first step scan:
+branch's output (x + f(x)), so their inputs point the same way (healthy models as initialised:
 0.99 on the corpus loop, the HF GPT-2 and the job's GPT). A branch must outweigh the stream
 about 4 to 1 to bring the cosine down to this cut. A block that replaces the stream by its
 branch (x = f(x)) leaves two inputs as unrelated as two random directions: |cosine| about
@@ -571,8 +571,8 @@ def optimizer_state_reset(resets: Sequence[int]) -> list[Violation]:
     """The optimizer's own step count went back during the run: its state (Adam's moments and
     step count) was cleared (optimizer.state.clear() each epoch, an early state dict loaded
     again), so each restart takes Adam's first, bias-corrected full-size steps again with no
-    gradient history. Exact:
-    the count only grows. Hook: after each optimizer step, the first parameter's state."""
+    gradient history. Exact: the count only grows. Hook: after each optimizer step, the first
+    parameter's state."""
     return [
         Violation("optimizer_state_kept", f"step {step}", "the optimizer's step count went back")
         for step in resets

@@ -161,11 +161,12 @@ class LiveFacts:
     (invariants.stream_not_carried); None: not read."""
     linear_chains: list[str] | None = None
     """Linear pairs without a bottleneck whose second layer was fed the first's output
-    unchanged, at the first step scan (invariants.linear_without_activation); None: not read."""
+    unchanged, on the model as initialised (invariants.linear_without_activation); None: not
+    read."""
     norm_gains: dict[str, float] = field(default_factory=dict)
     """By torch norm layer (nn.LayerNorm, nn.RMSNorm): its gain's RMS at the first step."""
     train_eval_scale: float | None = None
-    """Train-mode over eval-mode RMS of the norm layers' inputs at the first step scan
+    """Train-mode over eval-mode RMS of the norm layers' inputs, on the model as initialised
     (invariants.dropout_misscaled); None: not read."""
     heldout_overlap: tuple[int, int] | None = None
     """(held-out rows met among the training rows of the probed steps, the held-out batch's
