@@ -388,6 +388,9 @@ class InvariantHooks:
         count = state.get("step") if isinstance(state, dict) else None
         if count is None:
             return
+        on_device = torch.is_tensor(count) and count.device.type != "cpu"
+        if on_device and not self.checked_steps(self._step):
+            return  # a fused or capturable Adam keeps it on the GPU: reading it syncs the step
         count, self.state_reads = float(count), self.state_reads + 1
         if self._state_step is not None and count < self._state_step:
             self.state_resets.append(self._step)
