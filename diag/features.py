@@ -7,6 +7,7 @@ not fire: a missing probe is no evidence either way.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -445,6 +446,26 @@ def _eval(ev: Evidence, out: Features) -> None:
         )
 
 
+def _eval_against_heldout(ev: Evidence, out: Features) -> None:
+    """The run's own held-out loss at its end over the probe's read of the trained weights on
+    its held-out batch (step/loss_x0) at its last probe. Both are held-out losses of one model,
+    so they agree up to the two samples' error and what the weights learned after the last
+    probe (which only lowers the metric); an evaluation that reads other weights (an EMA run
+    away, a stale copy) does not. Judged where the metric is a loss to minimise."""
+    declared = json.loads(ev.tags.get(METRIC_TAG, '{"name": "eval/loss", "direction": "min"}'))
+    if "loss" not in declared["name"] or declared["direction"] != "min":
+        return
+    evals, reads = _finite(ev.points(declared["name"])), _finite(ev.points(SCAN_BATCH_LOSS))
+    if not evals or not reads or reads[-1][1] <= 0:
+        return
+    ratio = evals[-1][1] / reads[-1][1]
+    out["eval_over_heldout"] = Feature(
+        ratio,
+        f"the run's {declared['name']} at its end {evals[-1][1]:.4g} is {ratio:.3g}x the held-out "
+        f"loss of the trained weights at the last probe ({SCAN_BATCH_LOSS} {reads[-1][1]:.4g})",
+    )
+
+
 def _efficiency(ev: Evidence, out: Features) -> None:
     """Medians of the throughput metrics (the first window includes start-up, the median
     ignores it)."""
@@ -615,6 +636,9 @@ NEEDS = {
         "step_best_multiple"
     ),
     "step/loss_x0 (probes.step_scan, 8+ probes)": "heldout_loss_oscillation",
+    "the run's held-out loss (eval/loss or the app's metric) and step/loss_x0": (
+        "eval_over_heldout"
+    ),
     "attn/entropy/blocks.<i> (the built-in GPT's attention capture)": "attn_entropy_min",
     "moe/imbalance/blocks.<i> (an MoE model)": "moe_imbalance_max",
     "moe/aux_loss (an MoE model)": "moe_aux_loss",
@@ -644,6 +668,9 @@ _NEEDED_BY = {feature: evidence for evidence, names in NEEDS.items() for feature
 VOCAB_TAG = "hyprun.vocab_size"
 """Tag of a probe-recorded run: the vocabulary its language model predicts over (read off the
 model's embedding and head), for the initial loss against ln(vocab) when the config names none."""
+METRIC_TAG = "hyprun.metric"
+"""Tag of an app's seed run: its declared metric as JSON ({"name", "direction"}); a run without
+it is our job's, whose held-out metric is eval/loss."""
 SCAN_TAG = "hyprun.step_scan"
 """Tag of a probe-recorded run: whether the step scan ran ("on", or "off: <why>")."""
 BLOCKS_TAG = "hyprun.blocks"
@@ -716,6 +743,7 @@ def features(evidence: Evidence) -> Features:
         _heldout_oscillation,
         _architecture,
         _eval,
+        _eval_against_heldout,
         _efficiency,
         _obvious,
         _config,

@@ -87,6 +87,11 @@ LOG_PROBABILITY_TOL = 0.05
 rounding (~1e-6 in fp32, ~1e-2 in bf16). A log-softmax taken over another dimension (the
 batch) normalises the wrong axis, so a row's logsumexp sits near log(classes / rows); raw
 logits are off by their own scale."""
+SOFT_TARGET_TOL = 0.02
+"""A soft target (label smoothing, a teacher's probabilities, mixup) is a distribution: each
+token's row sums to 1 up to float rounding (~1e-6 in fp32; bf16's 3 significant digits keep a
+sum within ~1%). Smoothing written (1 - eps) y + 1/K instead of (1 - eps) y + eps/K sums to
+2 - eps (TimDettmers/ConvE#55): the extra mass pulls every prediction toward uniform."""
 REPEAT_TOL = 1e-4
 """In eval mode the same batch at the same weights gives the same loss: a forward has no
 randomness left (fp32 on one device repeats bit for bit; reduction order on some GPUs moves
@@ -449,6 +454,22 @@ def probabilities_into_loss(reads: Sequence[tuple[float, float, float]]) -> list
         )
         for call, (low, high, off) in enumerate(reads)
         if low >= 0 and high <= 1 and off <= PROBABILITY_TOL
+    ]
+
+
+def soft_targets_unnormalised(reads: Sequence[float]) -> list[Violation]:
+    """Soft targets whose rows do not sum to 1: a hand-written cross-entropy -sum(q log p)
+    with q not a distribution trains toward another target than the labels' (label smoothing
+    that adds its mass instead of moving it). `reads`: per product of a log-softmax output
+    with a tensor of its shape (or F.kl_div's target) in the first steps' loss, that tensor's
+    largest |row sum - 1| over rows that are not all zero (masked). Hook: the function mode
+    that reads cross-entropy's input (runner/job/invariant_hooks.LossInputs). A focal loss
+    weighing log p by (1 - p)^gamma before picking the label's class would read here too; one
+    that picks it first (the usual form) has no tensor of log p's shape."""
+    return [
+        Violation("soft_targets_sum_to_one", f"product {call}", f"rows sum to 1 +- {off:.3g}")
+        for call, off in enumerate(reads)
+        if off > SOFT_TARGET_TOL
     ]
 
 

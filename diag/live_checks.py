@@ -125,6 +125,9 @@ class LiveFacts:
     nll_inputs: list[float] = field(default_factory=list)
     """Per nll_loss call of the first steps: its input's largest |logsumexp| over the classes
     (invariants.nll_not_log_probabilities)."""
+    soft_targets: list[float] = field(default_factory=list)
+    """Per soft target a hand-written loss of the first steps weighed log-probabilities by:
+    its rows' largest |sum - 1| (invariants.soft_targets_unnormalised)."""
     eval_gap: float | None = None
     """Two eval-mode losses of the held-out batch at the same weights: |a - b| / |a|
     (invariants.eval_not_repeatable); None: not read (no step scan)."""
@@ -304,6 +307,11 @@ def invariant_checks(facts: LiveFacts, rules: dict) -> list[Check]:
             rules["softmax_wrong_dim"],
             invariants.nll_not_log_probabilities(facts.nll_inputs) if facts.nll_inputs else None,
             "fail",
+        ),
+        _judged(
+            rules["label_smoothing_wrong"],
+            facts.soft_targets or None,
+            invariants.soft_targets_unnormalised,
         ),
         _violations(
             rules["loss_divided_twice"],

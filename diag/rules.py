@@ -269,6 +269,7 @@ class Checks(Strict):
     repeated_batch: Invariant
     loss_on_padding: Invariant
     softmax_wrong_dim: Invariant
+    label_smoothing_wrong: Invariant
     functional_dropout_in_eval: Invariant
     causal_mask_missing: Invariant
     loss_divided_twice: Invariant

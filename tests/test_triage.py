@@ -1129,6 +1129,8 @@ NO_CARD_ROWS = {"noisy_labels", "noisy_labels_flat"} | {  # broken invariants: a
     "optimizer_state_reset",
     "layer_norm_init_wrong",
     "dropout_scale_wrong",
+    "label_smoothing_wrong",
+    "eval_reads_other_weights",
 }
 
 

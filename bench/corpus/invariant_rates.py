@@ -53,6 +53,7 @@ PROBE_CHECKS = (
     "optimizer_state_reset",
     "dropout_scale_wrong",
     "heldout_overlap",
+    "label_smoothing_wrong",
 )
 """Checks read from the probe's L0 record (they need its step scan, its loss reads or the live
 optimizer and model); a fail or a warning on a healthy run is a false alarm."""

@@ -30,19 +30,33 @@ LOSS_READ_STEPS = 3
 Python once)."""
 
 
+LOG_SOFTMAX = (F.log_softmax, torch.log_softmax, torch.Tensor.log_softmax)
+PRODUCTS = (torch.mul, torch.Tensor.mul, torch.Tensor.__mul__, torch.Tensor.__rmul__)
+
+
 class LossInputs(TorchFunctionMode):
     """While active, reads each F.cross_entropy call for hyprun.diag.invariants, into `hooks`:
     what it is given (smallest, largest value, largest |sum over the class dimension - 1|), how
     its targets sit against the forward's input ids, and the weight backward gives its tokens;
-    and each F.nll_loss call's input (whether its rows are log-probabilities)."""
+    each F.nll_loss call's input (whether its rows are log-probabilities); and the soft targets
+    a hand-written loss weighs log-probabilities by (a product with a log-softmax output of the
+    same shape, F.kl_div's target): how far their rows' sums are from 1."""
 
     def __init__(self, hooks: InvariantHooks):
         super().__init__()
         self.hooks = hooks
+        self.log_probs: list[torch.Tensor] = []
+        """This read's log-softmax outputs (kept until the backward is done)."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
+        if func in LOG_SOFTMAX and torch.is_tensor(out):
+            self.log_probs.append(out)
+        elif func in PRODUCTS and len(args) == 2:
+            self._read_soft_targets(*args)
+        elif func is F.kl_div and len(args) >= 2 and not kwargs.get("log_target", False):
+            self._read_soft_targets(args[0], args[1], given=True)
         if func is F.nll_loss:
             scores = args[0] if args else kwargs.get("input")
             if torch.is_tensor(scores) and scores.is_floating_point() and scores.numel():
@@ -55,6 +69,28 @@ class LossInputs(TorchFunctionMode):
             if _is_ids(target) and len(args) <= 2:  # positional weight/reduction: not read
                 self.hooks.read_targets(target.detach(), kwargs, out)
         return out
+
+    def _read_soft_targets(self, first, second, given: bool = False) -> None:
+        """A product of log-probabilities with a tensor of their shape weighs each class's
+        log-probability: a target distribution, whose rows (over the last dimension) must
+        sum to 1 (rows of all zeros are masked out). `given`: `second` is such a target
+        whatever `first` is (kl_div)."""
+        if not given and any(second is seen for seen in self.log_probs):
+            first, second = second, first
+        elif not given and not any(first is seen for seen in self.log_probs):
+            return
+        if not (torch.is_tensor(first) and torch.is_tensor(second)):
+            return
+        if any(second is seen for seen in self.log_probs):  # log p x log p: no target
+            return
+        if second.shape != first.shape or second.dim() < 1 or not second.is_floating_point():
+            return
+        if second.shape[-1] < 2:
+            return
+        sums = second.detach().float().sum(-1).abs().flatten()
+        counted = sums[sums > 0]
+        if counted.numel():
+            self.hooks.soft_targets.append(float((counted - 1).abs().max()))
 
 
 def label_offsets(inputs: torch.Tensor, target: torch.Tensor, ignore: int) -> tuple | None:
@@ -204,6 +240,8 @@ class InvariantHooks:
         """What cross-entropy was given in the first LOSS_READ_STEPS steps (LossInputs)."""
         self.nll_inputs: list[float] = []
         """Per nll_loss call of the first steps: its input's largest |logsumexp| over classes."""
+        self.soft_targets: list[float] = []
+        """Per soft target of the first steps (LossInputs): its rows' largest |sum - 1|."""
         self.eval_gap: float | None = None
         """Two eval-mode held-out losses' relative gap (model_checks.repeat_gap), once read."""
         self.future_influence: float | None = None

@@ -1011,6 +1011,7 @@ def read_invariants(
     facts.stream, facts.epoch_steps = list(hooks.stream), epoch_steps
     facts.loss_inputs = list(hooks.loss_inputs)
     facts.nll_inputs = list(hooks.nll_inputs)
+    facts.soft_targets = list(hooks.soft_targets)
     facts.eval_gap, facts.future_influence = hooks.eval_gap, hooks.future_influence
     facts.stream_pairs, facts.linear_chains = hooks.stream_pairs, hooks.linear_chains
     facts.state_resets = list(hooks.state_resets) if hooks.state_reads >= 2 else None

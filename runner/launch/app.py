@@ -38,6 +38,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from hyprun.diag.features import METRIC_TAG
 from hyprun.diag.metric import MetricSpec
 from hyprun.hypotheses.schema import Card
 from hyprun.runner import provenance
@@ -278,6 +279,7 @@ class HydraApp:
         """One seed of the app, as the launchers take it: `app` says what to run, `tracking`
         where it records (the same node our job has, so a launcher finds its run alike)."""
         seed_key = self.declaration.controlled.seed
+        direction = self.declaration.metric.direction
         cfg = self.check([*overrides, f"{seed_key}={seed}"])
         budget = self.controlled_keys()["budget"][0]
         return OmegaConf.create(
@@ -297,6 +299,10 @@ class HydraApp:
                         **tags,
                         "hyprun.seed": str(seed),
                         "hyprun.app": self.target,
+                        # which series is the app's held-out metric (diag/features.py)
+                        METRIC_TAG: json.dumps(
+                            {"name": self.declaration.metric.name, "direction": direction}
+                        ),
                         # what diagnose needs to name cards in the app's keys
                         "hyprun.knobs": json.dumps(
                             {name: knob.as_dict() for name, knob in self.knobs().items()}
