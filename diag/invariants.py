@@ -262,6 +262,30 @@ def labels_misaligned(reads: Sequence[Sequence[float]]) -> list[Violation]:
     return found
 
 
+def labels_unpaired(
+    reads: Sequence[Sequence[float]], heldout: Sequence[float]
+) -> list[Violation] | None:
+    """Training targets that match the inputs at no offset, where the held-out batch's targets
+    are its next tokens: the training labels are not paired with their inputs (shuffled apart
+    from them, taken from other rows, or corrupted), so the model can learn only how often each
+    label occurs. `reads`: the training cross-entropy calls' shares per offset (as in
+    labels_misaligned); `heldout`: the same shares on the held-out batch. None (not judged):
+    the held-out targets are not next tokens either (not a language model's task)."""
+    if heldout[1] < LABEL_MATCH:
+        return None
+    return [
+        Violation(
+            "training_labels_are_next_tokens",
+            f"call {call}",
+            f"at best {max(shares):.0%} of the training targets equal an input at offsets "
+            f"{'/'.join(map(str, LABEL_OFFSETS))}; {heldout[1]:.0%} of the held-out ones are the "
+            "next token",
+        )
+        for call, shares in enumerate(reads)
+        if max(shares) < LABEL_MATCH
+    ]
+
+
 def loss_on_padding(reads: Sequence[tuple[int, int]]) -> list[Violation]:
     """Cross-entropy calls that count targets the attention mask hides: padding trained on as
     if it were text (labels = input_ids with the padding not set to the ignore index), which

@@ -114,6 +114,9 @@ class LiveFacts:
     label_reads: list[tuple[float, ...]] = field(default_factory=list)
     """Per cross-entropy call of the first steps whose targets pair with the input ids: the
     share of targets equal to the input 0, 1, 2 positions on (invariants.labels_misaligned)."""
+    heldout_labels: tuple[float, ...] | None = None
+    """The held-out batch's targets read as label_reads are, on the model checks' forward
+    (invariants.labels_unpaired); None: not read."""
     padding_reads: list[tuple[int, int]] = field(default_factory=list)
     """Per cross-entropy call of the first steps with an attention mask: (targets counted at a
     masked position, targets counted) (invariants.loss_on_padding)."""
@@ -278,6 +281,13 @@ def invariant_checks(facts: LiveFacts, rules: dict) -> list[Check]:
             rules["labels_misaligned"],
             invariants.labels_misaligned(facts.label_reads)
             if invariants.labels_judged(facts.label_reads)
+            else None,
+            "fail",
+        ),
+        _violations(
+            rules["labels_shuffled_apart"],
+            invariants.labels_unpaired(facts.label_reads, facts.heldout_labels)
+            if facts.label_reads and facts.heldout_labels
             else None,
             "fail",
         ),

@@ -270,6 +270,7 @@ class Checks(Strict):
     loss_on_padding: Invariant
     softmax_wrong_dim: Invariant
     label_smoothing_wrong: Invariant
+    labels_shuffled_apart: Invariant
     functional_dropout_in_eval: Invariant
     causal_mask_missing: Invariant
     loss_divided_twice: Invariant

@@ -1131,6 +1131,7 @@ NO_CARD_ROWS = {"noisy_labels", "noisy_labels_flat"} | {  # broken invariants: a
     "dropout_scale_wrong",
     "label_smoothing_wrong",
     "eval_reads_other_weights",
+    "labels_shuffled_apart",
 }
 
 

@@ -54,6 +54,7 @@ PROBE_CHECKS = (
     "dropout_scale_wrong",
     "heldout_overlap",
     "label_smoothing_wrong",
+    "labels_shuffled_apart",
 )
 """Checks read from the probe's L0 record (they need its step scan, its loss reads or the live
 optimizer and model); a fail or a warning on a healthy run is a false alarm."""

@@ -252,6 +252,8 @@ class InvariantHooks:
         """Linear pairs, the second fed the first's output unchanged (model_checks.structure)."""
         self.state_resets: list[int] = []
         """Optimizer steps at which the optimizer's own step count went back (its state reset)."""
+        self.heldout_labels: tuple | None = None
+        """The held-out batch's targets against its inputs (model_checks.heldout_label_offsets)."""
         self.train_eval_scale: float | None = None
         """Train-mode over eval-mode RMS of the norm layers' inputs (model_checks), once read."""
         self.heldout_rows: set[int] | None = None
@@ -303,7 +305,7 @@ class InvariantHooks:
         if in_own_forward():
             return
         if self._step < LOSS_READ_STEPS and torch.is_grad_enabled():
-            self._inputs = _input_ids(args, kwargs)
+            self._inputs = read_ids(args, kwargs)
             self._mask = _attention_mask(kwargs, self._inputs)
             if self._mask is None and self._inputs is not None and self.pad_id is not None:
                 self._mask = padding_mask(self._inputs, self.pad_id)
@@ -315,7 +317,7 @@ class InvariantHooks:
                 self._loss_mode = LossInputs(self)  # until the backward is done
                 self._loss_mode.__enter__()
         if self.heldout_rows and torch.is_grad_enabled() and self.checked_steps(self._step):
-            ids = _input_ids(args, kwargs)
+            ids = read_ids(args, kwargs)
             if ids is not None:
                 self.heldout_seen |= self.heldout_rows & set(row_hashes(ids))
         if not self.modules:
@@ -447,7 +449,7 @@ def row_hashes(ids: torch.Tensor) -> list[int]:
     return [hash(row.tobytes()) for row in rows]
 
 
-def _input_ids(args: tuple, kwargs: dict) -> torch.Tensor | None:
+def read_ids(args: tuple, kwargs: dict) -> torch.Tensor | None:
     """The forward's token ids: `input_ids`, else its first integer (batch, positions) input."""
     given = kwargs.get("input_ids")
     candidates = [given] if given is not None else [*args, *kwargs.values()]

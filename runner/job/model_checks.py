@@ -10,9 +10,11 @@ the first scanned step (the model as initialised) for hyprun.diag.invariants:
 - nonlinear: no linear layer is fed another's output unchanged (linear_without_activation);
 - a training forward at the scale of evaluation: dropout keeps each unit's expectation, so the
   stream a norm layer reads is about as large in train mode as in eval mode
-  (dropout_misscaled).
+  (dropout_misscaled);
+- the held-out targets against the held-out inputs: the reference the training targets are
+  read against (labels_unpaired).
 
-Seven forwards per run without autograd, all in eval mode but one, inside a forked RNG: the
+Eight forwards per run without autograd, all in eval mode but one, inside a forked RNG: the
 training that follows draws the same random numbers as without them.
 """
 
@@ -56,6 +58,42 @@ def future_influence(model: nn.Module, batch: Any, loss: Callable[[Any], Any]) -
     quarter = ids.shape[1] // 4
     early, moved = before[:, :quarter].float(), after[:, :quarter].float()
     return float((early - moved).abs().max() / early.abs().max().clamp_min(1e-12))
+
+
+def heldout_label_offsets(model: nn.Module, loss: Callable[[], Any]) -> tuple | None:
+    """Per offset of hyprun.diag.invariants.LABEL_OFFSETS, the share of the held-out batch's
+    cross-entropy targets equal to the input id that many positions later (the reference the
+    training targets are read against: invariants.labels_unpaired). None: no cross-entropy
+    call whose targets pair with the forward's ids."""
+    from hyprun.runner.job.invariant_hooks import label_offsets, read_ids
+
+    reads: list[tuple] = []
+    seen: dict[str, torch.Tensor] = {}
+
+    def keep_ids(module, args, kwargs) -> None:
+        ids = read_ids(args, kwargs)
+        if ids is not None:
+            seen["ids"] = ids
+
+    class Targets(torch.overrides.TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func is F.cross_entropy and len(args) >= 2 and "ids" in seen:
+                target = args[1]
+                if torch.is_tensor(target) and not target.is_floating_point():
+                    ignore = int(kwargs.get("ignore_index", -100))
+                    found = label_offsets(seen["ids"], target.detach(), ignore)
+                    if found is not None:
+                        reads.append(found)
+            return func(*args, **kwargs)
+
+    handle = model.register_forward_pre_hook(keep_ids, with_kwargs=True)
+    try:
+        with _evaluating(model), Targets():
+            loss()
+    finally:
+        handle.remove()
+    return reads[0] if reads else None
 
 
 NORMS = (nn.LayerNorm, nn.RMSNorm)

@@ -519,6 +519,7 @@ class Probe:
         hooks.future_influence = model_checks.future_influence(self.model, batch, self._loss)
         hooks.stream_pairs, hooks.linear_chains = model_checks.structure(self.model, loss)
         hooks.train_eval_scale = model_checks.train_eval_scale(self.model, loss)
+        hooks.heldout_labels = model_checks.heldout_label_offsets(self.model, loss)
 
     def _scan_stops(self, reason: str) -> dict[str, float]:
         self.scan_off = reason
@@ -1019,6 +1020,7 @@ def read_invariants(
     if hooks.heldout_rows:
         facts.heldout_overlap = (len(hooks.heldout_seen), len(hooks.heldout_rows))
     facts.label_reads = list(hooks.label_reads)
+    facts.heldout_labels = hooks.heldout_labels
     facts.padding_reads = list(hooks.padding_reads)
     facts.accumulation = hooks.accumulation_reads()
     facts.single_steps = hooks.single_step_reads()
