@@ -466,6 +466,21 @@ def _eval_against_heldout(ev: Evidence, out: Features) -> None:
     )
 
 
+def _step_cadence(ev: Evidence, out: Features) -> None:
+    """The most training forwards one of the first optimizer steps took, over the micro-batches
+    per step the run declares: 1 when the optimizer steps as the config says."""
+    read = next((c for c in ev.static if c.get("id") == "step_forwards"), {}).get("value")
+    declared = _num(ev.tags.get(ACCUMULATION_TAG, ev.cfg("ds.grad_accum")))
+    if not isinstance(read, int | float) or not declared or declared < 1:
+        return
+    ratio = read / declared
+    out["forwards_per_declared_step"] = Feature(
+        ratio,
+        f"{read:g} training forwards took one optimizer step where the run declares {declared:g} "
+        f"micro-batch(es) per step ({ratio:.3g}x)",
+    )
+
+
 def _efficiency(ev: Evidence, out: Features) -> None:
     """Medians of the throughput metrics (the first window includes start-up, the median
     ignores it)."""
@@ -636,6 +651,9 @@ NEEDS = {
         "step_best_multiple"
     ),
     "step/loss_x0 (probes.step_scan, 8+ probes)": "heldout_loss_oscillation",
+    "L0 step_forwards and the declared accumulation (ds.grad_accum or the app's knob)": (
+        "forwards_per_declared_step"
+    ),
     "the run's held-out loss (eval/loss or the app's metric) and step/loss_x0": (
         "eval_over_heldout"
     ),
@@ -671,6 +689,9 @@ model's embedding and head), for the initial loss against ln(vocab) when the con
 METRIC_TAG = "hyprun.metric"
 """Tag of an app's seed run: its declared metric as JSON ({"name", "direction"}); a run without
 it is our job's, whose held-out metric is eval/loss."""
+ACCUMULATION_TAG = "hyprun.accumulation"
+"""Tag of an app's seed run: the micro-batches per optimizer step its config declares (its
+ds.grad_accum knob), or "unknown"; a run without it is our job's (config ds.grad_accum)."""
 SCAN_TAG = "hyprun.step_scan"
 """Tag of a probe-recorded run: whether the step scan ran ("on", or "off: <why>")."""
 BLOCKS_TAG = "hyprun.blocks"
@@ -744,6 +765,7 @@ def features(evidence: Evidence) -> Features:
         _architecture,
         _eval,
         _eval_against_heldout,
+        _step_cadence,
         _efficiency,
         _obvious,
         _config,

@@ -137,6 +137,8 @@ class LiveFacts:
     future_influence: float | None = None
     """How far the first quarter's outputs moved when the held-out batch's later ids changed
     (invariants.future_visible); None: not read."""
+    step_forwards: list[int] = field(default_factory=list)
+    """Training forwards of each of the first optimizer steps (its micro-batches, as run)."""
     single_steps: list[tuple[float, int]] = field(default_factory=list)
     """Per first step of one micro-batch: (total weight of its tokens in the backpropagated
     loss, its tokens) (invariants.loss_rescaled)."""
@@ -358,6 +360,7 @@ def invariant_checks(facts: LiveFacts, rules: dict) -> list[Check]:
             invariants.dropout_misscaled,
             f"ratio < {invariants.DROPOUT_SCALE:g}",
         ),
+        _step_forwards(facts, rules["step_forwards"]),
         _heldout_overlap(facts, rules["heldout_overlap"]),
         _judged(
             rules["activation_missing"], facts.linear_chains, invariants.linear_without_activation
@@ -375,6 +378,16 @@ def invariant_checks(facts: LiveFacts, rules: dict) -> list[Check]:
             f"move <= {invariants.FUTURE_TOL:g}",
         ),
     ]
+
+
+def _step_forwards(facts: LiveFacts, rule: dict) -> Check:
+    """A reading, not a judgement: the most training forwards one of the first optimizer steps
+    took. Triage holds it against the micro-batches the run declares (diag/features.py), which
+    the probe does not know."""
+    if not facts.step_forwards:
+        return _check(rule, "skip", "skip", None, "not measured")
+    most = max(facts.step_forwards)
+    return _check(rule, "pass", "pass", most, "the declared accumulation", forwards=most)
 
 
 def _warmup_reach(facts: LiveFacts) -> list[invariants.Violation] | None:

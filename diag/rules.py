@@ -271,6 +271,7 @@ class Checks(Strict):
     softmax_wrong_dim: Invariant
     label_smoothing_wrong: Invariant
     labels_shuffled_apart: Invariant
+    step_forwards: Invariant
     functional_dropout_in_eval: Invariant
     causal_mask_missing: Invariant
     loss_divided_twice: Invariant

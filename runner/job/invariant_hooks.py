@@ -380,6 +380,10 @@ class InvariantHooks:
             if step.forwards >= 2 and step.calls == step.reached == step.forwards
         ]
 
+    def forwards_per_step(self) -> list[int]:
+        """Training forwards of each read step that ended in an optimizer step."""
+        return [step.forwards for at, step in self.step_losses.items() if at < self._step]
+
     def single_step_reads(self) -> list[tuple[float, int]]:
         """(total token weight, tokens) of each read step of one micro-batch with one
         cross-entropy loss that backward reached."""

@@ -1024,6 +1024,7 @@ def read_invariants(
     facts.padding_reads = list(hooks.padding_reads)
     facts.accumulation = hooks.accumulation_reads()
     facts.single_steps = hooks.single_step_reads()
+    facts.step_forwards = hooks.forwards_per_step()
     facts.step_norms = list(hooks.step_norms)
     facts.batch_prints = list(hooks.batch_prints)
 

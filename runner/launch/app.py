@@ -38,7 +38,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from hyprun.diag.features import METRIC_TAG
+from hyprun.diag.features import ACCUMULATION_TAG, METRIC_TAG
 from hyprun.diag.metric import MetricSpec
 from hyprun.hypotheses.schema import Card
 from hyprun.runner import provenance
@@ -265,6 +265,15 @@ class HydraApp:
             return MetricSpec(declared.name, declared.direction, spec.min_effect)
         return spec
 
+    def accumulation(self, cfg: DictConfig) -> int | str:
+        """The micro-batches per optimizer step the app's config declares (its ds.grad_accum
+        knob), or "unknown" where no knob maps it (diag/features.py reads it)."""
+        knob = self.knobs().get("ds.grad_accum")
+        if knob is None:
+            return "unknown"
+        value = OmegaConf.select(cfg, knob.key, default=knob.default)
+        return value if isinstance(value, int) and not isinstance(value, bool) else "unknown"
+
     # -- its jobs ---------------------------------------------------------------------------
     def job_config(
         self,
@@ -303,6 +312,7 @@ class HydraApp:
                         METRIC_TAG: json.dumps(
                             {"name": self.declaration.metric.name, "direction": direction}
                         ),
+                        ACCUMULATION_TAG: str(self.accumulation(cfg)),
                         # what diagnose needs to name cards in the app's keys
                         "hyprun.knobs": json.dumps(
                             {name: knob.as_dict() for name, knob in self.knobs().items()}
