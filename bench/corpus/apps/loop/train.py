@@ -48,6 +48,10 @@ def build(cfg: DictConfig) -> tuple:
     model.heads_merged_without_permute = bug.heads_merged_without_permute
     model.attention_softmax_over_queries = bug.attention_softmax_over_queries
     model.dropout_scaled_by_p = bug.dropout_scaled_by_p
+    model.checkpoint_reentrant = bug.checkpoint_reentrant_frozen_inputs
+    if m.freeze_emb:  # the embeddings frozen, as a fine-tuning run freezes its first layers
+        for parameter in (*model.tok_emb.parameters(), *model.pos_emb.parameters()):
+            parameter.requires_grad = False
     if bug.layer_norm_init_random:  # huggingface/transformers#143: init_bert_weights
         norms_drawn_like_weights(model)
     if cfg.bug.frozen_except_norm:  # PyTorch forum 84911: every weight but the norms frozen
@@ -187,11 +191,16 @@ def micro_batches(cfg: DictConfig, data: dict):
         epoch += 1
 
 
-def step_loss(model, micro: list, bug, accum: int, smoothing: float = 0.0, scaler=None) -> float:
+def step_loss(
+    model, micro: list, bug, accum: int, smoothing: float = 0.0, scaler=None, fp16=None
+) -> float:
     """Forward and backward over one optimizer step's micro-batches; the step's mean loss.
     `scaler`: a GradScaler (train.amp=fp16): the forward runs under fp16 autocast and the
-    backward on the scaled loss."""
-    if scaler is not None:
+    backward on the scaled loss. `fp16`: the forward under fp16 autocast (default: with a
+    scaler); without one (bug.fp16_without_grad_scaler) the loss is not scaled."""
+    if fp16 is None:
+        fp16 = scaler is not None
+    if fp16:
         with torch.autocast("cpu", dtype=torch.float16):
             losses = [token_loss(model(x), x, y, bug, smoothing) for x, y in micro]
     else:
@@ -236,6 +245,24 @@ class ExponentialMovingAverage:
                 shadow.sub_(gap * (1 - self.decay))
 
 
+def resume(cfg: DictConfig, model: torch.nn.Module) -> None:
+    """A checkpoint of the weights written and the run resumed from it (train.resume_at): the
+    model re-initialised as a new process builds it, then the saved state dict loaded into it.
+    The optimizer's and schedule's states carry on (loaded correctly), and so does the RNG.
+    bug.checkpoint_prefix_mismatch: the state dict was saved from a DataParallel/DDP wrapper
+    (every key prefixed `module.`) and loaded with strict=False, which loads nothing."""
+    saved = copy.deepcopy(model.state_dict())
+    strict = True
+    if cfg.bug.checkpoint_prefix_mismatch:  # saved from model.module's wrapper, loaded with
+        saved = {f"module.{key}": value for key, value in saved.items()}  # strict=False
+        strict = False  # to quiet its missing keys (pytorch/examples#1029, OpenLDN#5)
+    rng = torch.get_rng_state()
+    fresh = build(cfg)[0]
+    torch.set_rng_state(rng)
+    model.load_state_dict(fresh.state_dict())  # the new process's initial weights
+    model.load_state_dict(saved, strict=strict)
+
+
 def mean_token_loss(
     model, x: torch.Tensor, y: torch.Tensor, bug, smoothing: float = 0.0
 ) -> torch.Tensor:
@@ -274,7 +301,13 @@ def fit(cfg: DictConfig, log=None, probe: bool = True, attach=None, tracker=None
         )
     if attach:
         attach(model, optimizer)
-    scaler = torch.amp.GradScaler("cpu") if t.amp == "fp16" else None
+    fp16 = t.amp == "fp16"
+    scaler = None
+    if fp16 and not bug.fp16_without_grad_scaler:  # autocast to fp16 with no GradScaler
+        scaler = torch.amp.GradScaler("cpu")  # (engichang1467/Open-Rig3R#35)
+    clip_params = None
+    if bug.clip_params_exhausted:  # one generator of the parameters for every step's clip:
+        clip_params = (p for p in model.parameters() if p.requires_grad)  # the first consumes it
     ema = ExponentialMovingAverage(model, t.ema, bug.ema_update_sign_flipped) if t.ema else None
     model.train()
     last = float("nan")
@@ -285,14 +318,16 @@ def fit(cfg: DictConfig, log=None, probe: bool = True, attach=None, tracker=None
         if not bug.zero_grad_missing and not per_epoch:
             optimizer.zero_grad()
         micro = [next(stream) for _ in range(t.accum)]
-        loss = step_loss(model, micro, bug, t.accum, t.label_smoothing, scaler)
+        loss = step_loss(model, micro, bug, t.accum, t.label_smoothing, scaler, fp16)
         if watch:
             watch.after_backward(loss)
         if bug.grads_cleared_before_step:  # backward, zero_grad, step (Tony-Y/pytorch_warmup#12)
             optimizer.zero_grad()
         if scaler is not None and not bug.clip_before_unscale:  # unscaled before clipping;
             scaler.unscale_(optimizer)  # without it the clip reads the scaled gradients
-        if cfg.optim.clip and not bug.clip_after_step:  # (milesial/Pytorch-UNet#468)
+        if cfg.optim.clip and not bug.clip_after_step and clip_params is not None:
+            torch.nn.utils.clip_grad_norm_(clip_params, cfg.optim.clip)  # (pytorch#148259)
+        elif cfg.optim.clip and not bug.clip_after_step:  # (milesial/Pytorch-UNet#468)
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.clip)
         if bug.layer_decay_every_step:  # the layer scale applied at each step, not once
             for group in optimizer.param_groups:  # (jaehyunnn/ViTPose_pytorch#20)
@@ -319,13 +354,17 @@ def fit(cfg: DictConfig, log=None, probe: bool = True, attach=None, tracker=None
         if step % t.eval_every == 0 or step == t.steps:
             if not bug.eval_without_eval_mode:
                 model.eval()
-            last = eval_loss(ema.model if ema is not None else model, heldout)
+            last = eval_loss(
+                ema.model if ema is not None else model, heldout, bug.loss_mean_over_padding
+            )
             if cfg.sched.name == "plateau":
                 schedule.step(last)
             if log:
                 log("eval_loss", last, step)
             if not bug.eval_mode_left_on:
                 model.train()
+        if t.resume_at and step == t.resume_at:  # a checkpoint written, the run resumed from it
+            resume(cfg, model)
     if watch:
         watch.close()
     return last
