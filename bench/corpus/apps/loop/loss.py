@@ -66,6 +66,8 @@ def eval_loss(model, data: dict, over_padding: bool = False) -> float:
         logits = model(data["x"])
         flat = logits.reshape(-1, logits.shape[-1])
         if over_padding:
-            losses = F.cross_entropy(flat, data["y"].reshape(-1), ignore_index=IGNORE, reduction="none")
+            losses = F.cross_entropy(
+                flat, data["y"].reshape(-1), ignore_index=IGNORE, reduction="none"
+            )
             return float(losses.mean())
         return float(F.cross_entropy(flat, data["y"].reshape(-1), ignore_index=IGNORE))

@@ -191,16 +191,11 @@ def micro_batches(cfg: DictConfig, data: dict):
         epoch += 1
 
 
-def step_loss(
-    model, micro: list, bug, accum: int, smoothing: float = 0.0, scaler=None, fp16=None
-) -> float:
+def step_loss(model, micro: list, bug, accum: int, smoothing: float = 0.0, scaler=None) -> float:
     """Forward and backward over one optimizer step's micro-batches; the step's mean loss.
     `scaler`: a GradScaler (train.amp=fp16): the forward runs under fp16 autocast and the
-    backward on the scaled loss. `fp16`: the forward under fp16 autocast (default: with a
-    scaler); without one (bug.fp16_without_grad_scaler) the loss is not scaled."""
-    if fp16 is None:
-        fp16 = scaler is not None
-    if fp16:
+    backward on the scaled loss."""
+    if scaler is not None:
         with torch.autocast("cpu", dtype=torch.float16):
             losses = [token_loss(model(x), x, y, bug, smoothing) for x, y in micro]
     else:
@@ -246,7 +241,7 @@ class ExponentialMovingAverage:
 
 
 def resume(cfg: DictConfig, model: torch.nn.Module) -> None:
-    """A checkpoint of the weights written and the run resumed from it (train.resume_at): the
+    """A checkpoint of the weights written and the run resumed from it (train.resume_after): the
     model re-initialised as a new process builds it, then the saved state dict loaded into it.
     The optimizer's and schedule's states carry on (loaded correctly), and so does the RNG.
     bug.checkpoint_prefix_mismatch: the state dict was saved from a DataParallel/DDP wrapper
@@ -301,10 +296,7 @@ def fit(cfg: DictConfig, log=None, probe: bool = True, attach=None, tracker=None
         )
     if attach:
         attach(model, optimizer)
-    fp16 = t.amp == "fp16"
-    scaler = None
-    if fp16 and not bug.fp16_without_grad_scaler:  # autocast to fp16 with no GradScaler
-        scaler = torch.amp.GradScaler("cpu")  # (engichang1467/Open-Rig3R#35)
+    scaler = torch.amp.GradScaler("cpu") if t.amp == "fp16" else None
     clip_params = None
     if bug.clip_params_exhausted:  # one generator of the parameters for every step's clip:
         clip_params = (p for p in model.parameters() if p.requires_grad)  # the first consumes it
@@ -318,7 +310,7 @@ def fit(cfg: DictConfig, log=None, probe: bool = True, attach=None, tracker=None
         if not bug.zero_grad_missing and not per_epoch:
             optimizer.zero_grad()
         micro = [next(stream) for _ in range(t.accum)]
-        loss = step_loss(model, micro, bug, t.accum, t.label_smoothing, scaler, fp16)
+        loss = step_loss(model, micro, bug, t.accum, t.label_smoothing, scaler)
         if watch:
             watch.after_backward(loss)
         if bug.grads_cleared_before_step:  # backward, zero_grad, step (Tony-Y/pytorch_warmup#12)
@@ -363,8 +355,8 @@ def fit(cfg: DictConfig, log=None, probe: bool = True, attach=None, tracker=None
                 log("eval_loss", last, step)
             if not bug.eval_mode_left_on:
                 model.train()
-        if t.resume_at and step == t.resume_at:  # a checkpoint written, the run resumed from it
-            resume(cfg, model)
+        if t.resume_after and step == round(t.resume_after * t.steps):  # a checkpoint written,
+            resume(cfg, model)  # the run resumed from it
     if watch:
         watch.close()
     return last
