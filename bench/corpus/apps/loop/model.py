@@ -52,6 +52,11 @@ class TinyLM(nn.Module):
     """On (bug.checkpoint_reentrant_frozen_inputs): each encoder layer runs under reentrant
     activation checkpointing (torch.utils.checkpoint, use_reentrant=True); with the embeddings
     frozen its input does not require grad, so the layers get no gradient."""
+    encoder_not_batch_first = False
+    """On (bug.encoder_not_batch_first): the encoder reads its input as (seq, batch, feature),
+    torch's default batch_first=False, while the loop hands it (batch, seq, feature), and its
+    causal mask is sized by x.size(0) as a sequence-first tutorial sizes it: attention runs
+    across the batch's rows at each position, not across a row's positions."""
 
     def __init__(
         self,
@@ -93,6 +98,10 @@ class TinyLM(nn.Module):
         elif self.checkpoint_reentrant:  # gradient checkpointing, reentrant: with frozen inputs
             for layer in self.encoder.layers:  # no gradient reaches the layers (transformers#21381)
                 h = checkpoint(self.checkpointed(layer, self.mask[:t, :t]), h, use_reentrant=True)
+        elif self.encoder_not_batch_first:  # batch_first left False (Exorust/TorchLeet#5):
+            rows = h.shape[0]  # dim 0 (the batch) read as the sequence, its mask sized by it
+            mask = nn.Transformer.generate_square_subsequent_mask(rows, device=h.device)
+            h = self.encoder(h.transpose(0, 1), mask=mask, is_causal=True).transpose(0, 1)
         elif self.layers_by_hand:
             for layer in self.encoder.layers:
                 h = self.layer_by_hand(layer, h, self.mask[:t, :t])

@@ -15,7 +15,7 @@ import mlflow
 import torch
 from omegaconf import DictConfig
 
-from bench.corpus.apps.loop.data import PAD, batch_order, sequences, weighted_order
+from bench.corpus.apps.loop.data import IGNORE, PAD, batch_order, sequences, weighted_order
 from bench.corpus.apps.loop.loss import eval_loss, token_loss
 from bench.corpus.apps.loop.model import TinyLM
 from hyprun.runner.job.probe import Probe
@@ -24,6 +24,9 @@ RESTART_GAMMA = 0.9
 """The cosine schedule's peak decay per restart (the report's gamma)."""
 LOADER_WORKERS = 4
 """Loader workers of an iterable dataset (bug.workers_duplicate_data: each yields every batch)."""
+OVERFLOW_AT = 256
+"""The range of the dtype the ids were binarized in (bug.token_ids_overflow): uint8's 256, as
+np.uint16's 65536 was for a 119547-token vocabulary."""
 
 
 def build(cfg: DictConfig) -> tuple:
@@ -49,6 +52,11 @@ def build(cfg: DictConfig) -> tuple:
     model.attention_softmax_over_queries = bug.attention_softmax_over_queries
     model.dropout_scaled_by_p = bug.dropout_scaled_by_p
     model.checkpoint_reentrant = bug.checkpoint_reentrant_frozen_inputs
+    model.encoder_not_batch_first = bug.encoder_not_batch_first
+    if bug.ffn_zero_init:  # both linear layers of each feed-forward block zero-initialised
+        for layer in model.encoder.layers:  # (yz93/LAVT-RIS#25): nn.init.zeros_ on each weight
+            torch.nn.init.zeros_(layer.linear1.weight)
+            torch.nn.init.zeros_(layer.linear2.weight)
     if m.freeze_emb:  # the embeddings frozen, as a fine-tuning run freezes its first layers
         for parameter in (*model.tok_emb.parameters(), *model.pos_emb.parameters()):
             parameter.requires_grad = False
@@ -164,6 +172,14 @@ def layer_groups(model: torch.nn.Module, decay: float) -> list[dict]:
     ]
 
 
+def ids_wrapped(data: dict, modulus: int) -> dict:
+    """The token ids as a dtype of `modulus` values stores them: every id at or above it wraps
+    around to id - modulus, in the inputs and the targets alike (padding's IGNORE is not an id:
+    the labels are derived from the stored ids, their padding marked after)."""
+    y = torch.where(data["y"] == IGNORE, data["y"], data["y"] % modulus)
+    return {**data, "x": data["x"] % modulus, "y": y}
+
+
 def epoch_batches(cfg: DictConfig, data: dict, epoch: int, seed: int) -> list:
     """One epoch's batches of row indices, from the configured sampler."""
     if cfg.data.sampler == "weighted":  # per-sample weights, or the class weights themselves
@@ -277,6 +293,8 @@ def fit(cfg: DictConfig, log=None, probe: bool = True, attach=None, tracker=None
     if bug.heldout_sliced_from_train:  # the validation rows sliced off the training pool,
         heldout = {key: rows[: d.n_eval] for key, rows in train_set.items()}  # which training
         # reads in full (marin-community/marin PR 2700): every held-out row is trained on
+    if bug.token_ids_overflow:  # ids binarized in a dtype narrower than the vocab wrap around
+        train_set = ids_wrapped(train_set, OVERFLOW_AT)  # (huggingface/transformers#2825)
     model, optimizer, schedule = build(cfg)
     steps_per_epoch = d.n_train // (t.batch * t.accum)
     stream = micro_batches(cfg, train_set)
@@ -310,6 +328,9 @@ def fit(cfg: DictConfig, log=None, probe: bool = True, attach=None, tracker=None
         if not bug.zero_grad_missing and not per_epoch:
             optimizer.zero_grad()
         micro = [next(stream) for _ in range(t.accum)]
+        if bug.val_batch_trained_on and step > 1 and (step - 1) % t.eval_every == 0:
+            micro[0] = (heldout["x"][-t.batch :], heldout["y"][-t.batch :])  # the last
+            # validation batch, left in the training batch's name (karpathy/llm.c PR 500)
         loss = step_loss(model, micro, bug, t.accum, t.label_smoothing, scaler)
         if watch:
             watch.after_backward(loss)
