@@ -12,6 +12,10 @@ import torch.nn.functional as F
 
 from bench.corpus.apps.loop.data import IGNORE, PAD
 
+EOS = 2
+"""A real token taken as the end-of-text id that the pad id was set to (pad = eos, as in
+LLaMA's tokenizer, where both are 2): bug.eos_masked_as_padding masks it as padding."""
+
 
 def token_loss(
     logits: torch.Tensor, x: torch.Tensor, y: torch.Tensor, bug, smoothing: float = 0.0
@@ -19,6 +23,8 @@ def token_loss(
     """(summed cross-entropy, tokens counted) of one micro-batch under the switches in `bug`;
     `smoothing`: label smoothing (0: none)."""
     target = y
+    if bug.eos_masked_as_padding:  # labels[labels == pad_token_id] = -100, with pad = eos:
+        target = torch.where(y == EOS, torch.full_like(y, IGNORE), y)  # (torchtune#949)
     if bug.padding_in_loss:  # labels = input ids: padding is a target like any token
         target = torch.where(y == IGNORE, torch.full_like(y, PAD), y)
     if bug.labels_not_shifted:  # the current token as its own target
@@ -47,12 +53,21 @@ def token_loss(
         )
         return total, int((target != IGNORE).sum())
     total = F.cross_entropy(flat, target.reshape(-1), ignore_index=IGNORE, reduction="sum")
+    if bug.loss_mean_over_padding:  # the masked loss averaged over every position, padding's
+        return total, target.numel()  # zeros included (d2l-ai/d2l-en#2076)
     return total, int((target != IGNORE).sum())
 
 
-def eval_loss(model, data: dict) -> float:
-    """Mean next-token loss over the held-out set's real tokens (always the correct loss)."""
+def eval_loss(model, data: dict, over_padding: bool = False) -> float:
+    """Mean next-token loss over the held-out set's real tokens (the correct loss), or
+    (`over_padding`: bug.loss_mean_over_padding) the masked per-position losses averaged over
+    every position, padding's zeros included."""
     with torch.no_grad():
         logits = model(data["x"])
         flat = logits.reshape(-1, logits.shape[-1])
+        if over_padding:
+            losses = F.cross_entropy(
+                flat, data["y"].reshape(-1), ignore_index=IGNORE, reduction="none"
+            )
+            return float(losses.mean())
         return float(F.cross_entropy(flat, data["y"].reshape(-1), ignore_index=IGNORE))

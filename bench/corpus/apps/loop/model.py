@@ -7,6 +7,7 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 
 class TinyLM(nn.Module):
@@ -47,6 +48,15 @@ class TinyLM(nn.Module):
     dropout_scaled_by_p = False
     """On (bug.dropout_scaled_by_p): the embeddings' hand-written dropout divides what it keeps
     by the drop probability p instead of the keep probability 1 - p."""
+    checkpoint_reentrant = False
+    """On (bug.checkpoint_reentrant_frozen_inputs): each encoder layer runs under reentrant
+    activation checkpointing (torch.utils.checkpoint, use_reentrant=True); with the embeddings
+    frozen its input does not require grad, so the layers get no gradient."""
+    encoder_not_batch_first = False
+    """On (bug.encoder_not_batch_first): the encoder reads its input as (seq, batch, feature),
+    torch's default batch_first=False, while the loop hands it (batch, seq, feature), and its
+    causal mask is sized by x.size(0) as a sequence-first tutorial sizes it: attention runs
+    across the batch's rows at each position, not across a row's positions."""
 
     def __init__(
         self,
@@ -85,6 +95,13 @@ class TinyLM(nn.Module):
                 h = layer._sa_block(layer.norm1(h), self.mask[:t, :t], None, is_causal=True)
                 h = h + h
                 h = h + layer._ff_block(layer.norm2(h))
+        elif self.checkpoint_reentrant:  # gradient checkpointing, reentrant: with frozen inputs
+            for layer in self.encoder.layers:  # no gradient reaches the layers (transformers#21381)
+                h = checkpoint(self.checkpointed(layer, self.mask[:t, :t]), h, use_reentrant=True)
+        elif self.encoder_not_batch_first:  # batch_first left False (Exorust/TorchLeet#5):
+            rows = h.shape[0]  # dim 0 (the batch) read as the sequence, its mask sized by it
+            mask = nn.Transformer.generate_square_subsequent_mask(rows, device=h.device)
+            h = self.encoder(h.transpose(0, 1), mask=mask, is_causal=True).transpose(0, 1)
         elif self.layers_by_hand:
             for layer in self.encoder.layers:
                 h = self.layer_by_hand(layer, h, self.mask[:t, :t])
@@ -98,6 +115,11 @@ class TinyLM(nn.Module):
             h = F.layer_norm(h, h.shape[1:], eps=self.ln_f.eps)  # (geometric-algebra-transformer#8)
             return self.head(h * self.ln_f.weight + self.ln_f.bias)
         return self.head(self.ln_f(h)).float()  # logits upcast for the loss (bf16 weights)
+
+    @staticmethod
+    def checkpointed(layer: nn.TransformerEncoderLayer, mask):
+        """The layer as nn.TransformerEncoder calls it, as one function of its input."""
+        return lambda h: layer(h, src_mask=mask, is_causal=True)
 
     @property
     def layers_by_hand(self) -> bool:

@@ -15,7 +15,7 @@ import mlflow
 import torch
 from omegaconf import DictConfig
 
-from bench.corpus.apps.loop.data import PAD, batch_order, sequences, weighted_order
+from bench.corpus.apps.loop.data import IGNORE, PAD, batch_order, sequences, weighted_order
 from bench.corpus.apps.loop.loss import eval_loss, token_loss
 from bench.corpus.apps.loop.model import TinyLM
 from hyprun.runner.job.probe import Probe
@@ -24,6 +24,9 @@ RESTART_GAMMA = 0.9
 """The cosine schedule's peak decay per restart (the report's gamma)."""
 LOADER_WORKERS = 4
 """Loader workers of an iterable dataset (bug.workers_duplicate_data: each yields every batch)."""
+OVERFLOW_AT = 256
+"""The range of the dtype the ids were binarized in (bug.token_ids_overflow): uint8's 256, as
+np.uint16's 65536 was for a 119547-token vocabulary."""
 
 
 def build(cfg: DictConfig) -> tuple:
@@ -48,6 +51,15 @@ def build(cfg: DictConfig) -> tuple:
     model.heads_merged_without_permute = bug.heads_merged_without_permute
     model.attention_softmax_over_queries = bug.attention_softmax_over_queries
     model.dropout_scaled_by_p = bug.dropout_scaled_by_p
+    model.checkpoint_reentrant = bug.checkpoint_reentrant_frozen_inputs
+    model.encoder_not_batch_first = bug.encoder_not_batch_first
+    if bug.ffn_zero_init:  # both linear layers of each feed-forward block zero-initialised
+        for layer in model.encoder.layers:  # (yz93/LAVT-RIS#25): nn.init.zeros_ on each weight
+            torch.nn.init.zeros_(layer.linear1.weight)
+            torch.nn.init.zeros_(layer.linear2.weight)
+    if m.freeze_emb:  # the embeddings frozen, as a fine-tuning run freezes its first layers
+        for parameter in (*model.tok_emb.parameters(), *model.pos_emb.parameters()):
+            parameter.requires_grad = False
     if bug.layer_norm_init_random:  # huggingface/transformers#143: init_bert_weights
         norms_drawn_like_weights(model)
     if cfg.bug.frozen_except_norm:  # PyTorch forum 84911: every weight but the norms frozen
@@ -160,6 +172,14 @@ def layer_groups(model: torch.nn.Module, decay: float) -> list[dict]:
     ]
 
 
+def ids_wrapped(data: dict, modulus: int) -> dict:
+    """The token ids as a dtype of `modulus` values stores them: every id at or above it wraps
+    around to id - modulus, in the inputs and the targets alike (padding's IGNORE is not an id:
+    the labels are derived from the stored ids, their padding marked after)."""
+    y = torch.where(data["y"] == IGNORE, data["y"], data["y"] % modulus)
+    return {**data, "x": data["x"] % modulus, "y": y}
+
+
 def epoch_batches(cfg: DictConfig, data: dict, epoch: int, seed: int) -> list:
     """One epoch's batches of row indices, from the configured sampler."""
     if cfg.data.sampler == "weighted":  # per-sample weights, or the class weights themselves
@@ -236,6 +256,24 @@ class ExponentialMovingAverage:
                 shadow.sub_(gap * (1 - self.decay))
 
 
+def resume(cfg: DictConfig, model: torch.nn.Module) -> None:
+    """A checkpoint of the weights written and the run resumed from it (train.resume_after): the
+    model re-initialised as a new process builds it, then the saved state dict loaded into it.
+    The optimizer's and schedule's states carry on (loaded correctly), and so does the RNG.
+    bug.checkpoint_prefix_mismatch: the state dict was saved from a DataParallel/DDP wrapper
+    (every key prefixed `module.`) and loaded with strict=False, which loads nothing."""
+    saved = copy.deepcopy(model.state_dict())
+    strict = True
+    if cfg.bug.checkpoint_prefix_mismatch:  # saved from model.module's wrapper, loaded with
+        saved = {f"module.{key}": value for key, value in saved.items()}  # strict=False
+        strict = False  # to quiet its missing keys (pytorch/examples#1029, OpenLDN#5)
+    rng = torch.get_rng_state()
+    fresh = build(cfg)[0]
+    torch.set_rng_state(rng)
+    model.load_state_dict(fresh.state_dict())  # the new process's initial weights
+    model.load_state_dict(saved, strict=strict)
+
+
 def mean_token_loss(
     model, x: torch.Tensor, y: torch.Tensor, bug, smoothing: float = 0.0
 ) -> torch.Tensor:
@@ -255,6 +293,8 @@ def fit(cfg: DictConfig, log=None, probe: bool = True, attach=None, tracker=None
     if bug.heldout_sliced_from_train:  # the validation rows sliced off the training pool,
         heldout = {key: rows[: d.n_eval] for key, rows in train_set.items()}  # which training
         # reads in full (marin-community/marin PR 2700): every held-out row is trained on
+    if bug.token_ids_overflow:  # ids binarized in a dtype narrower than the vocab wrap around
+        train_set = ids_wrapped(train_set, OVERFLOW_AT)  # (huggingface/transformers#2825)
     model, optimizer, schedule = build(cfg)
     steps_per_epoch = d.n_train // (t.batch * t.accum)
     stream = micro_batches(cfg, train_set)
@@ -275,6 +315,9 @@ def fit(cfg: DictConfig, log=None, probe: bool = True, attach=None, tracker=None
     if attach:
         attach(model, optimizer)
     scaler = torch.amp.GradScaler("cpu") if t.amp == "fp16" else None
+    clip_params = None
+    if bug.clip_params_exhausted:  # one generator of the parameters for every step's clip:
+        clip_params = (p for p in model.parameters() if p.requires_grad)  # the first consumes it
     ema = ExponentialMovingAverage(model, t.ema, bug.ema_update_sign_flipped) if t.ema else None
     model.train()
     last = float("nan")
@@ -285,6 +328,9 @@ def fit(cfg: DictConfig, log=None, probe: bool = True, attach=None, tracker=None
         if not bug.zero_grad_missing and not per_epoch:
             optimizer.zero_grad()
         micro = [next(stream) for _ in range(t.accum)]
+        if bug.val_batch_trained_on and step > 1 and (step - 1) % t.eval_every == 0:
+            micro[0] = (heldout["x"][-t.batch :], heldout["y"][-t.batch :])  # the last
+            # validation batch, left in the training batch's name (karpathy/llm.c PR 500)
         loss = step_loss(model, micro, bug, t.accum, t.label_smoothing, scaler)
         if watch:
             watch.after_backward(loss)
@@ -292,7 +338,9 @@ def fit(cfg: DictConfig, log=None, probe: bool = True, attach=None, tracker=None
             optimizer.zero_grad()
         if scaler is not None and not bug.clip_before_unscale:  # unscaled before clipping;
             scaler.unscale_(optimizer)  # without it the clip reads the scaled gradients
-        if cfg.optim.clip and not bug.clip_after_step:  # (milesial/Pytorch-UNet#468)
+        if cfg.optim.clip and not bug.clip_after_step and clip_params is not None:
+            torch.nn.utils.clip_grad_norm_(clip_params, cfg.optim.clip)  # (pytorch#148259)
+        elif cfg.optim.clip and not bug.clip_after_step:  # (milesial/Pytorch-UNet#468)
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.clip)
         if bug.layer_decay_every_step:  # the layer scale applied at each step, not once
             for group in optimizer.param_groups:  # (jaehyunnn/ViTPose_pytorch#20)
@@ -319,13 +367,17 @@ def fit(cfg: DictConfig, log=None, probe: bool = True, attach=None, tracker=None
         if step % t.eval_every == 0 or step == t.steps:
             if not bug.eval_without_eval_mode:
                 model.eval()
-            last = eval_loss(ema.model if ema is not None else model, heldout)
+            last = eval_loss(
+                ema.model if ema is not None else model, heldout, bug.loss_mean_over_padding
+            )
             if cfg.sched.name == "plateau":
                 schedule.step(last)
             if log:
                 log("eval_loss", last, step)
             if not bug.eval_mode_left_on:
                 model.train()
+        if t.resume_after and step == round(t.resume_after * t.steps):  # a checkpoint written,
+            resume(cfg, model)  # the run resumed from it
     if watch:
         watch.close()
     return last
