@@ -447,22 +447,29 @@ def _eval(ev: Evidence, out: Features) -> None:
 
 
 def _eval_against_heldout(ev: Evidence, out: Features) -> None:
-    """The run's own held-out loss at its end over the probe's read of the trained weights on
-    its held-out batch (step/loss_x0) at its last probe. Both are held-out losses of one model,
-    so they agree up to the two samples' error and what the weights learned after the last
-    probe (which only lowers the metric); an evaluation that reads other weights (an EMA run
-    away, a stale copy) does not. Judged where the metric is a loss to minimise."""
+    """The run's own held-out loss at its end over what the trained weights read: the probe's
+    held-out batch (step/loss_x0) at the last probe, or the training loss at the end where that
+    is higher. Both are losses of one model, so they agree up to the samples' error, the
+    weights' progress after the last probe (which only lowers the metric) and the train-held-out
+    gap; a run that got worse after its last probe shows it in its training loss too. An
+    evaluation that reads other weights (an EMA run away, a stale copy) does not. Judged where
+    the metric is a loss to minimise."""
     declared = json.loads(ev.tags.get(METRIC_TAG, '{"name": "eval/loss", "direction": "min"}'))
     if "loss" not in declared["name"] or declared["direction"] != "min":
         return
     evals, reads = _finite(ev.points(declared["name"])), _finite(ev.points(SCAN_BATCH_LOSS))
-    if not evals or not reads or reads[-1][1] <= 0:
+    train = S.tail_median(_finite(ev.points("train/loss")), 0.1) or 0.0
+    if not evals or not reads:
         return
-    ratio = evals[-1][1] / reads[-1][1]
+    trained = max(reads[-1][1], train)
+    if trained <= 0:
+        return
+    ratio = evals[-1][1] / trained
     out["eval_over_heldout"] = Feature(
         ratio,
-        f"the run's {declared['name']} at its end {evals[-1][1]:.4g} is {ratio:.3g}x the held-out "
-        f"loss of the trained weights at the last probe ({SCAN_BATCH_LOSS} {reads[-1][1]:.4g})",
+        f"the run's {declared['name']} at its end {evals[-1][1]:.4g} is {ratio:.3g}x what the "
+        f"trained weights read (held-out batch at the last probe {reads[-1][1]:.4g}, training "
+        f"loss at the end {train:.4g})",
     )
 
 

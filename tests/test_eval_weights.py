@@ -31,6 +31,11 @@ def test_only_a_loss_to_minimise_is_read_against_the_probe():
     assert ratio("eval_loss", "min", [(40, 7.0), (80, 7.2)]) == pytest.approx(6.0)
     assert ratio("eval_accuracy", "max", [(80, 0.3)]) is None  # another unit
     assert ratio("eval_loss", "min", []) is None
+    # worse after the last probe: the training loss says so too, so the weights are the same
+    blown_up = {"eval_loss": [(80, 7.2)], "train/loss": [(s, 7.0) for s in range(70, 81)]}
+    tags = {METRIC_TAG: json.dumps({"name": "eval_loss", "direction": "min"})}
+    late = features(Evidence({}, {**blown_up, **SCAN}, tags, []))["eval_over_heldout"]
+    assert late.value == pytest.approx(7.2 / 7.0)
     # our job's metric, when no app declared one
     job = features(Evidence({}, {"eval/loss": [(80, 1.2)], **SCAN}, {}, []))
     assert job["eval_over_heldout"].value == pytest.approx(1.0)
