@@ -102,6 +102,14 @@ FUTURE_TOL = 1e-4
 ids leaves the earlier outputs bit for bit as they were (masked scores add exactly 0). Without
 the mask every position reads the whole row and moves by a share of its own scale."""
 
+IDS_BEYOND_SHARE = 0.05
+"""Share of the held-out batch's tokens whose id lies above every input id of the checked
+steps' training batches, beyond which the training ids stop short of the vocabulary the
+held-out data uses. A healthy stream's largest ids are its rarest (Zipf's law), so few held-out
+tokens sit above them (0 on every healthy corpus, HF and app run measured); ids written in a
+dtype narrower than the vocabulary wrap at its size (uint16 at 65,536 for a 119,547-token
+vocabulary: huggingface/transformers#2825), leaving every id above it to the held-out data."""
+
 STREAM_CARRY = 0.25
 """A block's norm layers read the residual stream: the second reads the first's input plus one
 branch's output (x + f(x)), so their inputs point the same way (healthy models as initialised:
@@ -543,6 +551,44 @@ def future_visible(influence: float) -> list[Violation]:
             "outputs_read_only_earlier_tokens",
             "the held-out batch, second half of its ids changed",
             f"the first quarter's outputs moved by {influence:.2g} of their scale",
+        )
+    ]
+
+
+def ids_beyond_training(share: float) -> list[Violation]:
+    """Held-out tokens whose ids the training batches never reach: the training ids were cut
+    short (wrapped by a narrower dtype, clipped, or made by another tokenizer), so the model
+    never trains those embedding rows and the ids it trains on mean other tokens. `share`: of
+    the held-out batch's tokens, those above the largest training input id of the checked
+    steps. Hook: the probe's training forwards on checked steps and its held-out batch."""
+    if share <= IDS_BEYOND_SHARE:
+        return []
+    return [
+        Violation(
+            "training_ids_span_the_vocabulary",
+            "the held-out batch against the checked steps' training batches",
+            f"{share:.1%} of the held-out tokens have an id above every training id",
+        )
+    ]
+
+
+def rows_mixed(influence: float) -> list[Violation]:
+    """A model whose output for one row of a batch changes when only the other rows do: the
+    rows are mixed, most often by batch-first tensors fed to a sequence-first module
+    (nn.MultiheadAttention and nn.TransformerEncoder default to batch_first=False), so
+    attention runs across the batch at each position instead of along each row, or by a
+    reshape that interleaves rows. In eval mode nothing healthy couples rows (batch norm uses
+    its running statistics); a mixture of experts that drops tokens over its capacity does, by
+    design. `influence`: the last row's largest output change over its largest magnitude, the
+    tolerance FUTURE_TOL's (bit for bit in fp32). Hook: the probe's step scan, once
+    (runner/job/model_checks.py)."""
+    if influence <= FUTURE_TOL:
+        return []
+    return [
+        Violation(
+            "rows_apart",
+            "the held-out batch, every row but the last changed",
+            f"the last row's outputs moved by {influence:.2g} of their scale",
         )
     ]
 

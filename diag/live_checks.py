@@ -114,6 +114,12 @@ class LiveFacts:
     label_reads: list[tuple[float, ...]] = field(default_factory=list)
     """Per cross-entropy call of the first steps whose targets pair with the input ids: the
     share of targets equal to the input 0, 1, 2 positions on (invariants.labels_misaligned)."""
+    ids_beyond_training: tuple[int, int] | None = None
+    """(held-out tokens whose id is above every training input id of the checked steps,
+    held-out tokens) (invariants.ids_beyond_training); None: not read."""
+    row_influence: float | None = None
+    """How far the held-out batch's last row's outputs moved when only its other rows' ids
+    changed (invariants.rows_mixed); None: not read."""
     heldout_labels: tuple[float, ...] | None = None
     """The held-out batch's targets read as label_reads are, on the model checks' forward
     (invariants.labels_unpaired); None: not read."""
@@ -370,6 +376,20 @@ def invariant_checks(facts: LiveFacts, rules: dict) -> list[Check]:
         ),
         _judged(
             rules["optimizer_state_reset"], facts.state_resets, invariants.optimizer_state_reset
+        ),
+        _measured(
+            rules["token_ids_overflow"],
+            facts.ids_beyond_training[0] / facts.ids_beyond_training[1]
+            if facts.ids_beyond_training
+            else None,
+            invariants.ids_beyond_training,
+            f"share <= {invariants.IDS_BEYOND_SHARE:g}",
+        ),
+        _measured(
+            rules["batch_first_mismatch"],
+            facts.row_influence,
+            invariants.rows_mixed,
+            f"move <= {invariants.FUTURE_TOL:g}",
         ),
         _measured(
             rules["causal_mask_missing"],

@@ -272,6 +272,8 @@ class Checks(Strict):
     label_smoothing_wrong: Invariant
     labels_shuffled_apart: Invariant
     step_forwards: Invariant
+    batch_first_mismatch: Invariant
+    token_ids_overflow: Invariant
     functional_dropout_in_eval: Invariant
     causal_mask_missing: Invariant
     loss_divided_twice: Invariant

@@ -1135,6 +1135,8 @@ NO_CARD_ROWS = {"noisy_labels", "noisy_labels_flat"} | {  # broken invariants: a
     "eval_reads_other_weights",
     "labels_shuffled_apart",
     "optimizer_steps_skipped",
+    "batch_first_mismatch",
+    "token_ids_overflow",
 }
 
 

@@ -55,6 +55,8 @@ PROBE_CHECKS = (
     "heldout_overlap",
     "label_smoothing_wrong",
     "labels_shuffled_apart",
+    "batch_first_mismatch",
+    "token_ids_overflow",
 )
 """Checks read from the probe's L0 record (they need its step scan, its loss reads or the live
 optimizer and model); a fail or a warning on a healthy run is a false alarm."""

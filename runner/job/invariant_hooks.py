@@ -252,12 +252,18 @@ class InvariantHooks:
         """Linear pairs, the second fed the first's output unchanged (model_checks.structure)."""
         self.state_resets: list[int] = []
         """Optimizer steps at which the optimizer's own step count went back (its state reset)."""
+        self.row_influence: float | None = None
+        """The last row's output move when only the other rows change (model_checks)."""
         self.heldout_labels: tuple | None = None
         """The held-out batch's targets against its inputs (model_checks.heldout_label_offsets)."""
         self.train_eval_scale: float | None = None
         """Train-mode over eval-mode RMS of the norm layers' inputs (model_checks), once read."""
         self.heldout_rows: set[int] | None = None
         """A hash of each row of the held-out batch's ids, once the probe has read it."""
+        self.heldout_ids: torch.Tensor | None = None
+        """The held-out batch's ids (on the CPU), once the probe has read it."""
+        self.train_id_max: int | None = None
+        """The largest input id of the checked steps' training forwards."""
         self.heldout_seen: set[int] = set()
         """Held-out rows met among the training rows of the checked steps."""
         self.state_reads = 0
@@ -320,6 +326,10 @@ class InvariantHooks:
             ids = read_ids(args, kwargs)
             if ids is not None:
                 self.heldout_seen |= self.heldout_rows & set(row_hashes(ids))
+                top = int(ids.max())
+                self.train_id_max = (
+                    top if self.train_id_max is None else max(top, self.train_id_max)
+                )
         if not self.modules:
             return
         if torch.is_grad_enabled():  # the modes a backward, then a step, will train with

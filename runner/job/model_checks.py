@@ -12,9 +12,11 @@ the first scanned step (the model as initialised) for hyprun.diag.invariants:
   stream a norm layer reads is about as large in train mode as in eval mode
   (dropout_misscaled);
 - the held-out targets against the held-out inputs: the reference the training targets are
-  read against (labels_unpaired).
+  read against (labels_unpaired);
+- rows apart: a row's output does not move when only the batch's other rows change
+  (rows_mixed).
 
-Eight forwards per run without autograd, all in eval mode but one, inside a forked RNG: the
+Ten forwards per run without autograd, all in eval mode but one, inside a forked RNG: the
 training that follows draws the same random numbers as without them.
 """
 
@@ -58,6 +60,29 @@ def future_influence(model: nn.Module, batch: Any, loss: Callable[[Any], Any]) -
     quarter = ids.shape[1] // 4
     early, moved = before[:, :quarter].float(), after[:, :quarter].float()
     return float((early - moved).abs().max() / early.abs().max().clamp_min(1e-12))
+
+
+def row_influence(model: nn.Module, batch: Any, loss: Callable[[Any], Any]) -> float | None:
+    """How far the last row's per-position output moves when every other row's ids change
+    (each of those rows rolled by one position), over the largest of those outputs. In eval mode
+    a row's output is a function of that row alone. The last row: a causal mask laid over the
+    batch by mistake lets it read every row before it (the first reads only itself). None: fewer
+    than two rows of (rows, positions) ids, or no module returned an output per row and
+    position."""
+    ids = input_ids(batch)
+    if ids is None or ids.shape[0] < 2 or ids.shape[1] < 2:
+        return None
+    changed = ids.clone()
+    changed[:-1] = ids[:-1].roll(1, 1)
+    if torch.equal(changed, ids):
+        return None
+    with _evaluating(model):
+        before = _last_output(model, lambda: loss(batch), ids.shape)
+        after = _last_output(model, lambda: loss(_replaced(batch, ids, changed)), ids.shape)
+    if before is None or after is None or before.shape != after.shape:
+        return None
+    last, moved = before[-1].float(), after[-1].float()
+    return float((last - moved).abs().max() / last.abs().max().clamp_min(1e-12))
 
 
 def heldout_label_offsets(model: nn.Module, loss: Callable[[], Any]) -> tuple | None:

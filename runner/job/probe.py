@@ -520,6 +520,7 @@ class Probe:
         hooks.stream_pairs, hooks.linear_chains = model_checks.structure(self.model, loss)
         hooks.train_eval_scale = model_checks.train_eval_scale(self.model, loss)
         hooks.heldout_labels = model_checks.heldout_label_offsets(self.model, loss)
+        hooks.row_influence = model_checks.row_influence(self.model, batch, self._loss)
 
     def _scan_stops(self, reason: str) -> dict[str, float]:
         self.scan_off = reason
@@ -536,6 +537,7 @@ class Probe:
             ids = model_checks.input_ids(found)
             if ids is not None and ids.dim() == 2:  # its rows, to meet them in training
                 self.invariants.heldout_rows = set(row_hashes(ids))
+                self.invariants.heldout_ids = ids.detach().cpu()
         return self._heldout
 
     def _loss(self, batch: Any) -> torch.Tensor:
@@ -1021,6 +1023,10 @@ def read_invariants(
         facts.heldout_overlap = (len(hooks.heldout_seen), len(hooks.heldout_rows))
     facts.label_reads = list(hooks.label_reads)
     facts.heldout_labels = hooks.heldout_labels
+    facts.row_influence = hooks.row_influence
+    if hooks.heldout_ids is not None and hooks.train_id_max is not None:
+        beyond = int((hooks.heldout_ids > hooks.train_id_max).sum())
+        facts.ids_beyond_training = (beyond, hooks.heldout_ids.numel())
     facts.padding_reads = list(hooks.padding_reads)
     facts.accumulation = hooks.accumulation_reads()
     facts.single_steps = hooks.single_step_reads()
