@@ -46,6 +46,24 @@ def probe_checks(run_id: str) -> dict[str, dict]:
     return {check["id"]: check for check in read_l0_tags(tags)}
 
 
+def probed_checks(model, optimizer, loss_of, batches, heldout) -> dict[str, dict]:
+    """A plain loop over `batches` with the probe attached (a step scan every 2 steps on
+    `heldout`): the L0 checks it recorded, by id."""
+    from hyprun.runner.job.probe import Probe
+
+    probe = Probe(
+        model, optimizer, step_unit="steps", every_steps=2, heldout=heldout, loss_fn=loss_of
+    )
+    for batch in batches:
+        loss = loss_of(model, batch)
+        loss.backward()
+        probe.after_backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+    probe.close()
+    return probe_checks(probe.run_id)
+
+
 def python_env(**extra: str) -> dict[str, str]:
     # The test process's own process group (world of one) must not leak into its children.
     dist_vars = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")

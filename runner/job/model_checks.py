@@ -50,16 +50,8 @@ def future_influence(model: nn.Module, batch: Any, loss: Callable[[Any], Any]) -
     half = ids.shape[1] // 2
     source = ids.roll(1, 0) if ids.shape[0] > 1 else ids.flip(1)
     changed[:, half:] = source[:, half:]
-    if torch.equal(changed, ids):
-        return None
-    with _evaluating(model):
-        before = _last_output(model, lambda: loss(batch), ids.shape)
-        after = _last_output(model, lambda: loss(_replaced(batch, ids, changed)), ids.shape)
-    if before is None or after is None or before.shape != after.shape:
-        return None
     quarter = ids.shape[1] // 4
-    early, moved = before[:, :quarter].float(), after[:, :quarter].float()
-    return float((early - moved).abs().max() / early.abs().max().clamp_min(1e-12))
+    return _output_move(model, batch, loss, changed, lambda out: out[:, :quarter])
 
 
 def row_influence(model: nn.Module, batch: Any, loss: Callable[[Any], Any]) -> float | None:
@@ -74,6 +66,14 @@ def row_influence(model: nn.Module, batch: Any, loss: Callable[[Any], Any]) -> f
         return None
     changed = ids.clone()
     changed[:-1] = ids[:-1].roll(1, 1)
+    return _output_move(model, batch, loss, changed, lambda out: out[-1])
+
+
+def _output_move(model: nn.Module, batch: Any, loss, changed: torch.Tensor, part) -> float | None:
+    """In eval mode, how far `part` of the per-position output moves when the batch's ids are
+    replaced by `changed`, over the largest of `part` before. None: nothing changed, or no
+    module returned an output per row and position."""
+    ids = input_ids(batch)
     if torch.equal(changed, ids):
         return None
     with _evaluating(model):
@@ -81,8 +81,8 @@ def row_influence(model: nn.Module, batch: Any, loss: Callable[[Any], Any]) -> f
         after = _last_output(model, lambda: loss(_replaced(batch, ids, changed)), ids.shape)
     if before is None or after is None or before.shape != after.shape:
         return None
-    last, moved = before[-1].float(), after[-1].float()
-    return float((last - moved).abs().max() / last.abs().max().clamp_min(1e-12))
+    kept, moved = part(before).float(), part(after).float()
+    return float((kept - moved).abs().max() / kept.abs().max().clamp_min(1e-12))
 
 
 def heldout_label_offsets(model: nn.Module, loss: Callable[[], Any]) -> tuple | None:
