@@ -110,6 +110,17 @@ tokens sit above them (0 on every healthy corpus, HF and app run measured); ids 
 dtype narrower than the vocabulary wrap at its size (uint16 at 65,536 for a 119,547-token
 vocabulary: huggingface/transformers#2825), leaving every id above it to the held-out data."""
 
+MASKED_TOKEN_MIN = 8
+"""Real positions of one id masked out of the loss, from which a token that is never a target
+is a token the model is never taught, not a chance of the first steps' few batches."""
+
+MASKED_TOKEN_SHARE = 0.5
+"""Share of the real positions masked out of the loss that one never-taught id takes, from
+which the masking singles out a token rather than spans: a prompt or a user turn masked on
+purpose (supervised fine-tuning) masks runs of many ids, a label rule `labels[labels == pad_id]
+= -100` with pad = eos masks every end-of-text token and nothing else (torchtune#949,
+transformers' DataCollatorForLanguageModeling where pad = eos)."""
+
 STREAM_CARRY = 0.25
 """A block's norm layers read the residual stream: the second reads the first's input plus one
 branch's output (x + f(x)), so their inputs point the same way (healthy models as initialised:
@@ -568,6 +579,26 @@ def ids_beyond_training(share: float) -> list[Violation]:
             "training_ids_span_the_vocabulary",
             "the held-out batch against the checked steps' training batches",
             f"{share:.1%} of the held-out tokens have an id above every training id",
+        )
+    ]
+
+
+def token_never_taught(read: tuple[int, int, int]) -> list[Violation]:
+    """A real token (attended to, not padding) that the loss masks at every occurrence: the
+    padding id is a real token's (pad = eos), so masking padding out of the labels masks that
+    token too, and the model never learns to predict it (an end-of-text it never emits).
+    `read`: (the never-counted id with the most masked real positions, those positions, every
+    real position masked). Hook: the first steps' cross-entropy targets beside the forward's
+    attention mask (or the loop's pad_id)."""
+    token, positions, masked = read
+    if positions < MASKED_TOKEN_MIN or positions < MASKED_TOKEN_SHARE * masked:
+        return []
+    return [
+        Violation(
+            "real_tokens_are_targets",
+            "the first steps' training targets",
+            f"token id {token} is masked out of the loss at all {positions} of its real "
+            f"positions ({positions / masked:.0%} of the real tokens masked) and never a target",
         )
     ]
 

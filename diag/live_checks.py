@@ -117,6 +117,10 @@ class LiveFacts:
     ids_beyond_training: tuple[int, int] | None = None
     """(held-out tokens whose id is above every training input id of the checked steps,
     held-out tokens) (invariants.ids_beyond_training); None: not read."""
+    masked_token: tuple[int, int, int] | None = None
+    """(the id most often masked out of the loss at a real position and never counted as a
+    target, its masked positions, all real positions masked) over the first steps
+    (invariants.token_never_taught); None: no next-token targets read beside a mask."""
     row_influence: float | None = None
     """How far the held-out batch's last row's outputs moved when only its other rows' ids
     changed (invariants.rows_mixed); None: not read."""
@@ -384,6 +388,9 @@ def invariant_checks(facts: LiveFacts, rules: dict) -> list[Check]:
             else None,
             invariants.ids_beyond_training,
             f"share <= {invariants.IDS_BEYOND_SHARE:g}",
+        ),
+        _judged(
+            rules["real_token_masked_as_padding"], facts.masked_token, invariants.token_never_taught
         ),
         _measured(
             rules["batch_first_mismatch"],

@@ -273,6 +273,7 @@ class Checks(Strict):
     labels_shuffled_apart: Invariant
     step_forwards: Invariant
     batch_first_mismatch: Invariant
+    real_token_masked_as_padding: Invariant
     token_ids_overflow: Invariant
     functional_dropout_in_eval: Invariant
     causal_mask_missing: Invariant

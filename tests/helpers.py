@@ -46,13 +46,19 @@ def probe_checks(run_id: str) -> dict[str, dict]:
     return {check["id"]: check for check in read_l0_tags(tags)}
 
 
-def probed_checks(model, optimizer, loss_of, batches, heldout) -> dict[str, dict]:
+def probed_checks(model, optimizer, loss_of, batches, heldout, **options) -> dict[str, dict]:
     """A plain loop over `batches` with the probe attached (a step scan every 2 steps on
-    `heldout`): the L0 checks it recorded, by id."""
+    `heldout`; `options`: more of Probe's arguments): the L0 checks it recorded, by id."""
     from hyprun.runner.job.probe import Probe
 
     probe = Probe(
-        model, optimizer, step_unit="steps", every_steps=2, heldout=heldout, loss_fn=loss_of
+        model,
+        optimizer,
+        step_unit="steps",
+        every_steps=2,
+        heldout=heldout,
+        loss_fn=loss_of,
+        **options,
     )
     for batch in batches:
         loss = loss_of(model, batch)

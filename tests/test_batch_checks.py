@@ -15,8 +15,7 @@ from transformers import GPT2Config, GPT2LMHeadModel
 
 from hyprun.diag.evidence import Evidence
 from hyprun.diag.triage import triage
-from hyprun.runner.job.probe import Probe
-from tests.helpers import probe_checks
+from tests.helpers import probed_checks
 
 VOCAB, WIDTH, ROWS, WRAP = 64, 12, 6, 40
 CHECKS = ("batch_first_mismatch", "token_ids_overflow")
@@ -57,17 +56,7 @@ def probed(kind: str) -> dict[str, str]:
         drawn = torch.randint(VOCAB, (ROWS, WIDTH), generator=torch.Generator().manual_seed(seed))
         return drawn % WRAP if kind == "wrapped" and seed < 99 else drawn  # training ids only
 
-    probe = Probe(
-        model, optimizer, step_unit="steps", every_steps=2, heldout=rows(99), loss_fn=loss_of
-    )
-    for step in range(4):
-        loss = loss_of(model, rows(step))
-        loss.backward()
-        probe.after_backward(loss)
-        optimizer.step()
-        optimizer.zero_grad()
-    probe.close()
-    checks = probe_checks(probe.run_id)
+    checks = probed_checks(model, optimizer, loss_of, [rows(s) for s in range(4)], rows(99))
     return {check: checks[check]["status"] for check in CHECKS}
 
 

@@ -1137,6 +1137,7 @@ NO_CARD_ROWS = {"noisy_labels", "noisy_labels_flat"} | {  # broken invariants: a
     "optimizer_steps_skipped",
     "batch_first_mismatch",
     "token_ids_overflow",
+    "real_token_masked_as_padding",
 }
 
 

@@ -57,6 +57,7 @@ PROBE_CHECKS = (
     "labels_shuffled_apart",
     "batch_first_mismatch",
     "token_ids_overflow",
+    "real_token_masked_as_padding",
 )
 """Checks read from the probe's L0 record (they need its step scan, its loss reads or the live
 optimizer and model); a fail or a warning on a healthy run is a false alarm."""

@@ -9,6 +9,7 @@ is already there (zero_grad(set_to_none=True), torch's default, leaves None: not
 from __future__ import annotations
 
 import math
+from collections import Counter
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -125,6 +126,20 @@ def padded_targets(mask: torch.Tensor, target: torch.Tensor, ignore: int) -> tup
     counted = target[:, :span] != ignore
     hidden = mask[:, 1 : span + 1] == 0
     return int((counted & hidden).sum()), int(counted.sum())
+
+
+def masked_real_tokens(
+    mask: torch.Tensor, inputs: torch.Tensor, target: torch.Tensor, ignore: int
+) -> tuple[Counter, set[int]]:
+    """(by id, the real tokens (mask 1) whose target is masked out of the loss; the ids counted
+    as targets): the target at t is the token at t + 1, as padded_targets reads it."""
+    rows, width = mask.shape
+    target = target.reshape(rows, -1)
+    span = min(target.shape[1], width - 1)
+    wanted, real = target[:, :span], mask[:, 1 : span + 1] != 0
+    masked = inputs[:, 1 : span + 1][(wanted == ignore) & real]
+    counted = wanted[wanted != ignore]
+    return Counter(masked.tolist()), set(counted.unique().tolist())
 
 
 def padding_mask(ids: torch.Tensor, pad_id: int) -> torch.Tensor:
@@ -265,6 +280,10 @@ class InvariantHooks:
         self.train_id_max: int | None = None
         """The largest input id of the checked steps' training forwards."""
         self.heldout_seen: set[int] = set()
+        self.masked_real: Counter = Counter()
+        """By id, the real tokens of the first steps whose target the loss masked out."""
+        self.target_ids: set[int] = set()
+        """The ids the first steps' losses counted as targets."""
         """Held-out rows met among the training rows of the checked steps."""
         self.state_reads = 0
         """Optimizer steps whose step count was read (SGD keeps none)."""
@@ -366,6 +385,9 @@ class InvariantHooks:
             next_tokens = shares is not None and shares[1] >= LABEL_MATCH
             if next_tokens and self._mask is not None:  # padding is judged on next-token targets
                 self.padding_reads.append(padded_targets(self._mask, target, ignore))
+                masked, counted = masked_real_tokens(self._mask, self._inputs, target, ignore)
+                self.masked_real.update(masked)
+                self.target_ids |= counted
         reduction = kwargs.get("reduction", "mean")
         readable = reduction in ("mean", "sum") and kwargs.get("weight") is None
         if not (readable and loss.requires_grad and loss.dim() == 0) or _fp16_autocast():
