@@ -58,10 +58,11 @@ def token_loss(
     return total, int((target != IGNORE).sum())
 
 
-def eval_loss(model, data: dict, over_padding: bool = False) -> float:
+def eval_loss(model, data: dict, over_padding: bool = False, smoothing: float = 0.0) -> float:
     """Mean next-token loss over the held-out set's real tokens (the correct loss), or
     (`over_padding`: bug.loss_mean_over_padding) the masked per-position losses averaged over
-    every position, padding's zeros included."""
+    every position, padding's zeros included; `smoothing` (bug.eval_loss_label_smoothed): the
+    training criterion's label smoothing applied to the held-out targets too (0: none)."""
     with torch.no_grad():
         logits = model(data["x"])
         flat = logits.reshape(-1, logits.shape[-1])
@@ -70,4 +71,10 @@ def eval_loss(model, data: dict, over_padding: bool = False) -> float:
                 flat, data["y"].reshape(-1), ignore_index=IGNORE, reduction="none"
             )
             return float(losses.mean())
+        if smoothing:  # the training criterion reused (pytorch/pytorch#129050)
+            return float(
+                F.cross_entropy(
+                    flat, data["y"].reshape(-1), ignore_index=IGNORE, label_smoothing=smoothing
+                )
+            )
         return float(F.cross_entropy(flat, data["y"].reshape(-1), ignore_index=IGNORE))

@@ -57,6 +57,14 @@ class TinyLM(nn.Module):
     torch's default batch_first=False, while the loop hands it (batch, seq, feature), and its
     causal mask is sized by x.size(0) as a sequence-first tutorial sizes it: attention runs
     across the batch's rows at each position, not across a row's positions."""
+    mask_after_softmax = False
+    """On (bug.attention_mask_after_softmax): the attention's softmax runs over every key and the
+    causal mask is applied to its output, masked_fill(-inf) on the probabilities, instead of to
+    the scores before it."""
+    ffn_output_discarded = False
+    """On (bug.ffn_output_discarded): the feed-forward sublayer's dropout is applied to its input
+    instead of to its output, so the block adds dropout(input) to the stream and the two linear
+    layers' output is thrown away."""
 
     def __init__(
         self,
@@ -130,6 +138,8 @@ class TinyLM(nn.Module):
             self.attention_mask_inverted,
             self.heads_merged_without_permute,
             self.attention_softmax_over_queries,
+            self.mask_after_softmax,
+            self.ffn_output_discarded,
         )
         return any(flags)
 
@@ -146,6 +156,7 @@ class TinyLM(nn.Module):
             self.attention_mask_inverted,
             self.heads_merged_without_permute,
             self.attention_softmax_over_queries,
+            self.mask_after_softmax,
         )
         if not any(by_hand):
             return layer._sa_block(h, mask, None, is_causal=True)
@@ -162,6 +173,11 @@ class TinyLM(nn.Module):
             scores = q @ k.transpose(-2, -1) / math.sqrt(d // heads) + mask  # to 1 over the
             weights = F.dropout(scores.softmax(dim=-2), drop)  # queries (labmlai/...#146)
             out = weights @ v
+        elif self.mask_after_softmax:  # softmax, then masked_fill(~mask, -inf) on its output
+            future = torch.triu(torch.ones(t, t, dtype=torch.bool, device=h.device), diagonal=1)
+            weights = (q @ k.transpose(-2, -1) / math.sqrt(d // heads)).softmax(dim=-1)
+            weights = F.dropout(weights.masked_fill(future, float("-inf")), drop)  # (timm PR 2236)
+            out = weights @ v
         elif self.attention_unscaled:  # scale=1.0: q.k not divided by sqrt(head_dim)
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=drop, scale=1.0)
         else:  # (PAIR-code/tiny-transformers#71 above); the rest as torch computes it
@@ -173,6 +189,9 @@ class TinyLM(nn.Module):
 
     def feed_forward(self, layer: nn.TransformerEncoderLayer, h) -> torch.Tensor:
         """The layer's feed-forward block (its _ff_block)."""
+        if self.ffn_output_discarded:  # z_ = act(Dense(z)); z_ = Dropout(z): the wrong
+            layer.linear2(layer.dropout(layer.activation(layer.linear1(h))))  # variable, its
+            return layer.dropout2(h)  # output thrown away (theislab/CellFlow PR 296)
         if self.ffn_activation_missing:  # Linear, dropout, Linear: no ReLU (YujiaBao/ls#1)
             return layer.dropout2(layer.linear2(layer.dropout(layer.linear1(h))))
         return layer._ff_block(h)

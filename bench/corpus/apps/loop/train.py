@@ -53,6 +53,8 @@ def build(cfg: DictConfig) -> tuple:
     model.dropout_scaled_by_p = bug.dropout_scaled_by_p
     model.checkpoint_reentrant = bug.checkpoint_reentrant_frozen_inputs
     model.encoder_not_batch_first = bug.encoder_not_batch_first
+    model.mask_after_softmax = bug.attention_mask_after_softmax  # (pytorch-image-models PR 2236)
+    model.ffn_output_discarded = bug.ffn_output_discarded  # (theislab/CellFlow PR 296)
     if bug.ffn_zero_init:  # both linear layers of each feed-forward block zero-initialised
         for layer in model.encoder.layers:  # (yz93/LAVT-RIS#25): nn.init.zeros_ on each weight
             torch.nn.init.zeros_(layer.linear1.weight)
@@ -180,6 +182,24 @@ def ids_wrapped(data: dict, modulus: int) -> dict:
     return {**data, "x": data["x"] % modulus, "y": y}
 
 
+def vocab_by_frequency(ids: torch.Tensor, vocab: int) -> torch.Tensor:
+    """The real tokens (PAD excluded) ranked by their count in `ids`, most frequent first (ties
+    by id), as a vocabulary built from a dataset's own counts numbers them: [vocab - 1] ids."""
+    counts = torch.bincount(ids[ids != PAD], minlength=vocab)[1:]
+    return torch.argsort(-counts, stable=True) + 1
+
+
+def encoded_with_own_vocab(train: dict, heldout: dict, vocab: int) -> dict:
+    """The held-out set as a vocabulary built from its own counts encodes it, while the model
+    reads the training set's (token ids as the training counts number them): a held-out token
+    ranked r among the held-out counts gets the id of the token ranked r in training's, so
+    every token whose rank differs between the two sets is read as another token."""
+    mapping = torch.arange(vocab)
+    mapping[vocab_by_frequency(heldout["x"], vocab)] = vocab_by_frequency(train["x"], vocab)
+    y = torch.where(heldout["y"] == IGNORE, heldout["y"], mapping[heldout["y"].clamp(min=0)])
+    return {**heldout, "x": mapping[heldout["x"]], "y": y}
+
+
 def epoch_batches(cfg: DictConfig, data: dict, epoch: int, seed: int) -> list:
     """One epoch's batches of row indices, from the configured sampler."""
     if cfg.data.sampler == "weighted":  # per-sample weights, or the class weights themselves
@@ -295,6 +315,9 @@ def fit(cfg: DictConfig, log=None, probe: bool = True, attach=None, tracker=None
         # reads in full (marin-community/marin PR 2700): every held-out row is trained on
     if bug.token_ids_overflow:  # ids binarized in a dtype narrower than the vocab wrap around
         train_set = ids_wrapped(train_set, OVERFLOW_AT)  # (huggingface/transformers#2825)
+    if bug.heldout_own_vocab:  # train and test each with their own vocab_to_int: the same
+        heldout = encoded_with_own_vocab(train_set, heldout, d.vocab)  # token, another index
+        # (minqukanq/hierarchical-multi-label-text-classification#6)
     model, optimizer, schedule = build(cfg)
     steps_per_epoch = d.n_train // (t.batch * t.accum)
     stream = micro_batches(cfg, train_set)
@@ -367,8 +390,15 @@ def fit(cfg: DictConfig, log=None, probe: bool = True, attach=None, tracker=None
         if step % t.eval_every == 0 or step == t.steps:
             if not bug.eval_without_eval_mode:
                 model.eval()
+            if ema is not None and bug.ema_not_restored:  # store, copy_to(model), evaluate,
+                model.load_state_dict(ema.model.state_dict())  # and no restore: training goes
+                # on from the EMA weights (harubaru/waifu-diffusion PR 31, Open-Sora-Plan#186)
+            smoothing = t.label_smoothing if bug.eval_loss_label_smoothed else 0.0
             last = eval_loss(
-                ema.model if ema is not None else model, heldout, bug.loss_mean_over_padding
+                ema.model if ema is not None else model,
+                heldout,
+                bug.loss_mean_over_padding,
+                smoothing,  # the training criterion reused (pytorch/pytorch#129050)
             )
             if cfg.sched.name == "plateau":
                 schedule.step(last)
