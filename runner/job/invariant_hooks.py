@@ -412,6 +412,16 @@ class InvariantHooks:
             if step.forwards >= 2 and step.calls == step.reached == step.forwards
         ]
 
+    def never_taught(self) -> tuple[int, int, int]:
+        """(id, masked real positions, all masked real positions) of the id most often masked
+        at a real position and never a target; (-1, 0, n) where every masked id is a target
+        somewhere. The loop's named pad id is left out: its mask keeps one pad per row as a
+        possible end-of-text (padding_mask), which a correct loop masks."""
+        masked = {i: n for i, n in self.masked_real.items() if i != self.pad_id}
+        never = {i: n for i, n in masked.items() if i not in self.target_ids}
+        token = max(never, key=never.get, default=-1)
+        return token, never.get(token, 0), sum(masked.values())
+
     def forwards_per_step(self) -> list[int]:
         """Training forwards of each read step that ended in an optimizer step."""
         return [step.forwards for at, step in self.step_losses.items() if at < self._step]

@@ -1029,23 +1029,12 @@ def read_invariants(
         facts.ids_beyond_training = (beyond, hooks.heldout_ids.numel())
     facts.padding_reads = list(hooks.padding_reads)
     if hooks.padding_reads:
-        facts.masked_token = never_taught(hooks)
+        facts.masked_token = hooks.never_taught()
     facts.accumulation = hooks.accumulation_reads()
     facts.single_steps = hooks.single_step_reads()
     facts.step_forwards = hooks.forwards_per_step()
     facts.step_norms = list(hooks.step_norms)
     facts.batch_prints = list(hooks.batch_prints)
-
-
-def never_taught(hooks: InvariantHooks) -> tuple[int, int, int]:
-    """(id, masked real positions, all masked real positions) of the id most often masked at a
-    real position and never a target; (-1, 0, n) where every masked id is a target somewhere.
-    The loop's named pad id is left out: its mask keeps one pad per row as a possible
-    end-of-text (invariant_hooks.padding_mask), which a correct loop masks."""
-    masked = {i: n for i, n in hooks.masked_real.items() if i != hooks.pad_id}
-    never = {i: n for i, n in masked.items() if i not in hooks.target_ids}
-    token = max(never, key=never.get, default=-1)
-    return token, never.get(token, 0), sum(masked.values())
 
 
 def dropout_max(model: nn.Module) -> tuple[float, list[str]] | None:
