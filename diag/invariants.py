@@ -146,6 +146,15 @@ grows by at most sqrt(1 / (1 - p)): 1.05 at p = 0.1, 1.41 at p = 0.5; 2 needs p 
 stream mixing dropped and undropped parts grows less. Dividing by p instead (theanets PR 123)
 grows it 1 / p: 10x at p = 0.1."""
 
+REWRITE_SHARE = 0.5
+"""Share of the sampled weight elements (invariant_hooks.WEIGHT_SAMPLE per tensor) that must
+differ, at a step's first backward, from what the last optimizer step left, for the weights to
+count as rewritten in between. Nothing but the optimizer writes trained weights in a healthy
+loop, and an evaluation that swaps weights in (an EMA, a best checkpoint) puts them back bit
+for bit, so a healthy run reads 0. Copying other weights in (the average, a checkpoint that did
+not load, a fresh init) changes nearly every element; a clamp or a projection a user applies on
+purpose touches some of them, so half is asked for."""
+
 
 @dataclass(frozen=True)
 class Violation:
@@ -216,6 +225,50 @@ def params_without_gradient(trainable: Sequence[str], with_grad: Sequence[str]) 
         Violation("every_trainable_param_gets_a_gradient", name, "requires_grad, .grad is None")
         for name in trainable
         if name not in got
+    ]
+
+
+def outputs_unused(names: Sequence[str]) -> list[Violation]:
+    """Trainable parameters of a module whose forward ran in training but which got no
+    gradient from the first backward: the module computes an output the loss never reads
+    (assigned to the wrong variable, detached, run under no_grad), so it costs compute and never
+    trains. Exact: a module on the loss's path passes a gradient to every parameter it used; a
+    module never called (a spare head, a pooler) is not judged (static.gradient_reach lists it).
+    Hook: a pre-hook per module until the first backward, then its parameters' .grad."""
+    return [
+        Violation("a_called_module_trains", name, "its module ran in the forward, .grad is None")
+        for name in names
+    ]
+
+
+def steps_without_backward(steps: Sequence[int]) -> list[Violation]:
+    """Optimizer steps taken with no backward since the step before: step() runs twice on one
+    batch's gradients (called twice in the loop, or by the loop and a wrapper, or once per
+    micro-batch and again at the step's end), so those gradients are applied twice and the
+    schedule and Adam's step count run ahead of the data. Exact: a loop runs at least one
+    backward per step. Hook: each trainable parameter's gradient hook, on the checked steps."""
+    return [
+        Violation("a_backward_before_each_step", f"step {step}", "no backward since the last step")
+        for step in steps
+    ]
+
+
+def weights_overwritten(read: tuple[int, float, int]) -> list[Violation]:
+    """Steps at whose first backward the weights were not the ones the last optimizer step left
+    (REWRITE_SHARE of the sampled elements changed): something between the step and the next
+    forward wrote the trained weights (an EMA or averaged copy put in and never restored, a
+    checkpoint loaded that matched no key, the model re-initialised), so training goes on from
+    other weights. `read`: (steps rewritten, the largest share changed, steps read). Hook: a
+    sample of the weights after each step and at the next step's first backward."""
+    rewritten, share, steps = read
+    if not rewritten:
+        return []
+    return [
+        Violation(
+            "only_the_optimizer_writes_weights",
+            f"{rewritten} of {steps} step(s)",
+            f"up to {share:.0%} of the sampled weight elements changed between a step and the next",
+        )
     ]
 
 

@@ -192,6 +192,16 @@ class LiveFacts:
     state_resets: list[int] | None = None
     """Optimizer steps at which its own step count went back (invariants.optimizer_state_reset);
     None: fewer than two steps' counts read (SGD keeps none)."""
+    output_unused: list[str] | None = None
+    """Trainable parameters without a gradient from the first backward whose module ran in that
+    training forward (invariants.outputs_unused); None: not read."""
+    unbacked_steps: list[int] | None = None
+    """Checked optimizer steps with no backward since the step before
+    (invariants.steps_without_backward); None: gradients not kept in .grad, not read."""
+    weight_rewrites: tuple[int, float, int] | None = None
+    """(steps whose weights at the first backward differed from what the last step left, the
+    largest share of sampled elements changed, steps read) (invariants.weights_overwritten);
+    None: not read."""
 
 
 def l0_tags(checks: list[dict]) -> dict[str, str]:
@@ -380,6 +390,16 @@ def invariant_checks(facts: LiveFacts, rules: dict) -> list[Check]:
         ),
         _judged(
             rules["optimizer_state_reset"], facts.state_resets, invariants.optimizer_state_reset
+        ),
+        _judged(rules["sublayer_output_discarded"], facts.output_unused, invariants.outputs_unused),
+        _judged(
+            rules["steps_without_backward"], facts.unbacked_steps, invariants.steps_without_backward
+        ),
+        _measured(
+            rules["weights_overwritten"],
+            facts.weight_rewrites[0] if facts.weight_rewrites else None,
+            lambda _: invariants.weights_overwritten(facts.weight_rewrites),
+            "0 steps",
         ),
         _measured(
             rules["token_ids_overflow"],

@@ -285,6 +285,9 @@ class Checks(Strict):
     activation_missing: Invariant
     norm_gains_small: Invariant
     optimizer_state_reset: Invariant
+    sublayer_output_discarded: Invariant
+    weights_overwritten: Invariant
+    steps_without_backward: Invariant
     dropout_scale_wrong: Invariant
     adam_eps: LiveSetting
     adam_coupled_decay: CoupledDecay

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode, _get_current_function_mode_stack
 
-from hyprun.diag.invariants import LABEL_MATCH, LABEL_OFFSETS
+from hyprun.diag.invariants import LABEL_MATCH, LABEL_OFFSETS, REWRITE_SHARE
 
 MODE_MODULES = (nn.Dropout, nn.modules.batchnorm._BatchNorm)
 """Modules whose forward depends on train/eval mode."""
@@ -29,6 +29,11 @@ LOSS_READ_STEPS = 3
 """Optimizer steps whose first training forward and loss are read for cross-entropy's input
 (a bug of the code is there from the first step; every op of those forwards passes through
 Python once)."""
+WEIGHT_SAMPLE = 8
+"""Elements read per weight tensor, spread evenly over it, to see the weights rewritten between
+an optimizer step and the next backward: a copy of other weights (an average, a checkpoint, a
+fresh init) changes almost every element, so a few per tensor show it, and the read costs one
+small copy per step instead of a pass over the model."""
 
 
 LOG_SOFTMAX = (F.log_softmax, torch.log_softmax, torch.Tensor.log_softmax)
@@ -287,6 +292,18 @@ class InvariantHooks:
         """Held-out rows met among the training rows of the checked steps."""
         self.state_reads = 0
         """Optimizer steps whose step count was read (SGD keeps none)."""
+        self.called: set[str] = set()
+        """Modules owning trainable parameters (the model itself aside) whose forward ran in
+        training before the first backward (`called_modules` ends the read)."""
+        self.unbacked: list[int] = []
+        """Checked optimizer steps with no backward since the step before (the same gradients
+        applied again), read where the gradients stay in .grad (`read_accumulation`)."""
+        self.rewrite_reads = 0
+        """Steps whose weights at the first backward were held against the last step's."""
+        self._rewrites: torch.Tensor | None = None
+        self._rewrite_share: torch.Tensor | None = None
+        self._watched: list[nn.Parameter] = []
+        self._after_step: torch.Tensor | None = None
         self._state_step: float | None = None
         self.label_reads: list[tuple[float, ...]] = []
         """Per cross-entropy call of the first steps whose targets pair with the forward's
@@ -325,6 +342,54 @@ class InvariantHooks:
         for parameter in model.parameters():
             if parameter.requires_grad:
                 self._handles.append(parameter.register_hook(self._before_accumulation(parameter)))
+        self._call_handles = [
+            module.register_forward_pre_hook(self._called(name))
+            for name, module in model.named_modules()
+            if name and any(p.requires_grad for p in module.parameters(recurse=False))
+        ]
+
+    def _called(self, name: str):
+        def hook(module: nn.Module, args) -> None:
+            if not in_own_forward() and (module.training or torch.is_grad_enabled()):
+                self.called.add(name)  # an evaluation before training (no grad, eval mode) not
+
+        return hook
+
+    def called_modules(self) -> set[str]:
+        """After the first backward: the modules the training forward ran (the read ends)."""
+        for handle in self._call_handles:
+            handle.remove()
+        self._call_handles = []
+        return set(self.called)
+
+    def watch_weights(self, parameters: list[nn.Parameter]) -> None:
+        """Hold these weights at each step's first backward against what the last optimizer
+        step left (invariants.weights_overwritten); weights another owner shards are left out
+        by the caller."""
+        self._watched = parameters
+
+    def weights_in_use(self) -> None:
+        """After a backward, before the optimizer step: do the weights this step trained with
+        differ from the ones the last step left? Once per step; counted on the device, so no
+        step waits for the read (read_invariants takes the totals)."""
+        if self._after_step is None:
+            return
+        changed = (weight_sample(self._watched) != self._after_step).float().mean()
+        self._after_step = None
+        self.rewrite_reads += 1
+        rewritten = (changed >= REWRITE_SHARE).to(torch.int64)
+        if self._rewrites is None:
+            self._rewrites, self._rewrite_share = rewritten, changed
+        else:
+            self._rewrites = self._rewrites + rewritten
+            self._rewrite_share = torch.maximum(self._rewrite_share, changed)
+
+    def weight_rewrites(self) -> tuple[int, float, int] | None:
+        """(steps whose weights were rewritten since the last step, the largest share of the
+        sampled elements changed, steps read), or None before any step was read."""
+        if self._rewrites is None:
+            return None
+        return int(self._rewrites), float(self._rewrite_share), self.rewrite_reads
 
     def _forward(self, module: nn.Module, args, kwargs) -> None:
         if in_own_forward():
@@ -452,11 +517,15 @@ class InvariantHooks:
         self.loss_read_done()
         if self._seen:
             self.stale[self._step] = math.sqrt(self._stale_sum)
+        elif self.read_accumulation and self.trainable_elements and self.checked_steps(self._step):
+            self.unbacked.append(self._step)
         if self._later:
             self.emptied[self._step] = (self._emptied, self._later)
         self._seen, self._stale_sum = set(), 0.0
         self._later, self._emptied = 0, 0
         self.eval_at_train |= self._last_train_modes
+        if self._watched:
+            self._after_step = weight_sample(self._watched)
         if self.read_step_norms and self._step < LOSS_READ_STEPS:
             grads = [p.grad for p in self.model.parameters() if p.grad is not None]
             if grads:
@@ -484,9 +553,18 @@ class InvariantHooks:
 
     def remove(self) -> None:
         self.loss_read_done()
-        for handle in self._handles:
+        for handle in self._handles + self._call_handles:
             handle.remove()
-        self._handles = []
+        self._handles, self._call_handles = [], []
+
+
+def weight_sample(parameters: list[nn.Parameter]) -> torch.Tensor:
+    """WEIGHT_SAMPLE elements of each tensor, evenly spaced over it, copied into one tensor."""
+    picked = []
+    for parameter in parameters:
+        flat = parameter.detach().reshape(-1)
+        picked.append(flat[:: max(1, flat.numel() // WEIGHT_SAMPLE)][:WEIGHT_SAMPLE])
+    return torch.cat(picked)  # one copy; mixed dtypes promote to the widest
 
 
 def row_hashes(ids: torch.Tensor) -> list[int]:

@@ -235,6 +235,7 @@ class Probe:
             optimizer, torch.optim.Optimizer
         )
         self.invariants.read_accumulation = keeps_grads(optimizer)
+        self.invariants.watch_weights(_one_device([p for _, p in self.named]))
         self.schedule = probes.ProbeSchedule(every_steps, max_overhead, free_probes)
         self._decided_step, self._probing = -1, False
         self._closed = False
@@ -271,6 +272,7 @@ class Probe:
         sees the accumulated gradient, the one the step applies)."""
         start = time.perf_counter()
         self.invariants.loss_read_done()
+        self.invariants.weights_in_use()
         if loss is not None:
             self.note_loss(loss)
         self._close_activations()
@@ -559,6 +561,8 @@ class Probe:
         self.facts = LiveFacts()
         unreached = [(n, p) for n, p in self.named if _full_grad(p) is None]
         self.facts.no_grad = [n for n, _ in unreached]
+        called = self.invariants.called_modules()
+        self.facts.output_unused = [n for n in self.facts.no_grad if n.rpartition(".")[0] in called]
         trainable = sum(_elements(p) for _, p in self.named)
         self.facts.no_grad_share = sum(_elements(p) for _, p in unreached) / max(trainable, 1)
         self.facts.first_grad_norm = self._grad_norm()
@@ -753,6 +757,13 @@ def _mean_over_ranks(value: float, world: int) -> float:
 def _uses_deepspeed(param: torch.nn.Parameter) -> bool:
     """Whether DeepSpeed owns this parameter's gradient (ZeRO partitions or fp32 master copy)."""
     return hasattr(param, "ds_id") or getattr(param, "_hp_mapping", None) is not None
+
+
+def _one_device(params: list[nn.Parameter]) -> list[nn.Parameter]:
+    """The weights the rewrite read can hold in one tensor: on the first one's device, and not
+    sharded or mirrored by DeepSpeed (whose engine writes them back after its own step)."""
+    own = [p for p in params if not _uses_deepspeed(p)]
+    return [p for p in own if p.device == own[0].device] if own else []
 
 
 def _elements(param: torch.nn.Parameter) -> int:
@@ -1018,6 +1029,8 @@ def read_invariants(
     facts.eval_gap, facts.future_influence = hooks.eval_gap, hooks.future_influence
     facts.stream_pairs, facts.linear_chains = hooks.stream_pairs, hooks.linear_chains
     facts.state_resets = list(hooks.state_resets) if hooks.state_reads >= 2 else None
+    facts.weight_rewrites = hooks.weight_rewrites()
+    facts.unbacked_steps = list(hooks.unbacked) if hooks.read_accumulation else None
     facts.train_eval_scale = hooks.train_eval_scale
     if hooks.heldout_rows:
         facts.heldout_overlap = (len(hooks.heldout_seen), len(hooks.heldout_rows))
