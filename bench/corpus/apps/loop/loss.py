@@ -34,6 +34,10 @@ def token_loss(
     if bug.double_softmax:  # probabilities into a loss that applies log-softmax itself
         logits = logits.softmax(-1)
     flat = logits.reshape(-1, logits.shape[-1])
+    if bug.nll_on_probabilities:  # NLLLoss on softmax outputs, not log_softmax: the loss is
+        probs = flat.softmax(-1)  # -p(target), always negative (yanx27/Pointnet_Pointnet2_pytorch
+        total = F.nll_loss(probs, target.reshape(-1), ignore_index=IGNORE, reduction="sum")  # #30)
+        return total, int((target != IGNORE).sum())
     if bug.log_softmax_wrong_dim:  # log_softmax over the batch, then NLL (pointnet.pytorch#27)
         flat = logits.log_softmax(0).reshape(-1, logits.shape[-1])
         total = F.nll_loss(flat, target.reshape(-1), ignore_index=IGNORE, reduction="sum")
@@ -58,11 +62,23 @@ def token_loss(
     return total, int((target != IGNORE).sum())
 
 
-def eval_loss(model, data: dict, over_padding: bool = False, smoothing: float = 0.0) -> float:
+def eval_loss(
+    model, data: dict, over_padding: bool = False, smoothing: float = 0.0, last_batch: int = 0
+) -> float:
     """Mean next-token loss over the held-out set's real tokens (the correct loss), or
     (`over_padding`: bug.loss_mean_over_padding) the masked per-position losses averaged over
     every position, padding's zeros included; `smoothing` (bug.eval_loss_label_smoothed): the
-    training criterion's label smoothing applied to the held-out targets too (0: none)."""
+    training criterion's label smoothing applied to the held-out targets too (0: none);
+    `last_batch` (bug.eval_loss_last_batch): the set read in batches of that many rows and the
+    last batch's loss returned in place of the average over them all (0: the whole set)."""
+    if last_batch:  # the loss variable left from the loop logged (DeepLearningExamples PR 299)
+        with torch.no_grad():
+            for start in range(0, len(data["x"]), last_batch):
+                logits = model(data["x"][start : start + last_batch])
+                flat = logits.reshape(-1, logits.shape[-1])
+                target = data["y"][start : start + last_batch].reshape(-1)
+                loss = F.cross_entropy(flat, target, ignore_index=IGNORE)
+        return float(loss)
     with torch.no_grad():
         logits = model(data["x"])
         flat = logits.reshape(-1, logits.shape[-1])

@@ -27,6 +27,9 @@ LOADER_WORKERS = 4
 OVERFLOW_AT = 256
 """The range of the dtype the ids were binarized in (bug.token_ids_overflow): uint8's 256, as
 np.uint16's 65536 was for a 119547-token vocabulary."""
+FIRST_TOKEN = PAD + 1
+"""The first real token's id (bug.padding_idx_real_token): the id an embedding numbered from 0
+without a padding token gives its first entry, taken as padding_idx."""
 
 
 def build(cfg: DictConfig) -> tuple:
@@ -55,6 +58,14 @@ def build(cfg: DictConfig) -> tuple:
     model.encoder_not_batch_first = bug.encoder_not_batch_first
     model.mask_after_softmax = bug.attention_mask_after_softmax  # (pytorch-image-models PR 2236)
     model.ffn_output_discarded = bug.ffn_output_discarded  # (theislab/CellFlow PR 296)
+    if bug.layers_share_weights:  # nn.ModuleList([layer] * n): one layer object, repeated, so
+        layers = [model.encoder.layers[0]] * m.n_layer  # every layer is the first one's weights
+        model.encoder.layers = torch.nn.ModuleList(layers)  # (zalandoresearch/pytorch-vq-vae#2,
+        # espnet/espnet#1278, acids-ircam/ddsp_pytorch#37)
+    if bug.padding_idx_real_token:  # nn.Embedding(n, d, padding_idx=0) over ids where 0 is a
+        model.tok_emb.padding_idx = FIRST_TOKEN  # real entity (ibalazevic/TuckER#17): its row
+        with torch.no_grad():  # zeroed and never given a gradient
+            model.tok_emb.weight[FIRST_TOKEN].zero_()
     if bug.ffn_zero_init:  # both linear layers of each feed-forward block zero-initialised
         for layer in model.encoder.layers:  # (yz93/LAVT-RIS#25): nn.init.zeros_ on each weight
             torch.nn.init.zeros_(layer.linear1.weight)
@@ -399,6 +410,7 @@ def fit(cfg: DictConfig, log=None, probe: bool = True, attach=None, tracker=None
                 heldout,
                 bug.loss_mean_over_padding,
                 smoothing,  # the training criterion reused (pytorch/pytorch#129050)
+                t.batch if bug.eval_loss_last_batch else 0,  # (NVIDIA/DeepLearningExamples PR 299)
             )
             if cfg.sched.name == "plateau":
                 schedule.step(last)
