@@ -473,6 +473,30 @@ def _eval_against_heldout(ev: Evidence, out: Features) -> None:
     )
 
 
+def declared(ev: Evidence, name: str) -> Any:
+    """A config value by the cards' vocabulary (`optim.lr`): the app's key for it where the run
+    is an app's (its knobs tag), else our job's own key."""
+    knob = json.loads(ev.tags.get(KNOBS_TAG, "{}")).get(name)
+    if knob is None:
+        return None if KNOBS_TAG in ev.tags else ev.cfg(name)
+    return ev.cfg(knob["key"], knob.get("default"))
+
+
+def _lr_as_declared(ev: Evidence, out: Features) -> None:
+    """The peak LR the optimizer applied over the LR the config declares, and whether the LR
+    ever rose above its first reading (a warmup): the config's LR is the one that trains."""
+    value, lrs = _num(declared(ev, "optim.lr")), _finite(ev.points("train/lr"))
+    if not value or value <= 0 or len(lrs) < 2:
+        return
+    peak = max(v for _, v in lrs)
+    ratio = peak / value
+    out["lr_over_declared"] = Feature(
+        ratio, f"the peak applied LR {peak:.3g} is {ratio:.3g}x the declared {value:.3g}"
+    )
+    rose = peak > lrs[0][1] * (1 + 1e-6)
+    out["lr_rose"] = Feature(float(rose), "the LR rose after its first reading (a warmup)")
+
+
 def _step_cadence(ev: Evidence, out: Features) -> None:
     """The most training forwards one of the first optimizer steps took, over the micro-batches
     per step the run declares: 1 when the optimizer steps as the config says."""
@@ -679,6 +703,9 @@ NEEDS = {
     "perf/step_time_s": "step_time_s",
     "perf/peak_mem_gb": "peak_mem_gb",
     "train/lr or config optim.lr": "lr",
+    "train/lr and the declared LR (config optim.lr or the app's knob for it)": (
+        "lr_over_declared lr_rose"
+    ),
     "train/loss and config model.vocab_size (or data.vocab_size, or a language model's head)": (
         "initial_loss_ratio"
     ),
@@ -699,6 +726,15 @@ it is our job's, whose held-out metric is eval/loss."""
 ACCUMULATION_TAG = "hyprun.accumulation"
 """Tag of an app's seed run: the micro-batches per optimizer step its config declares (its
 ds.grad_accum knob), or "unknown"; a run without it is our job's (config ds.grad_accum)."""
+KNOBS_TAG = "hyprun.knobs"
+"""Tag of an app's seed run: its knobs as JSON ({card vocabulary name: {"key", "default", ...}}):
+which of the app's keys holds, e.g., the LR the cards call optim.lr."""
+LR_TOLERANCE = 2.0
+"""Factor by which the peak LR the optimizer applied may differ from the declared one before it
+counts as another LR. A schedule multiplies the declared LR by a factor of at most 1 (its
+peak), and a run whose LR never rose starts at that peak (a decay logged after its first step
+reads 1 - 1/steps of it), so a healthy run reads 1; a factor of 2 either way is no rounding,
+logging or schedule shape (a warmup that has not ended is warmup_never_ends's)."""
 SCAN_TAG = "hyprun.step_scan"
 """Tag of a probe-recorded run: whether the step scan ran ("on", or "off: <why>")."""
 BLOCKS_TAG = "hyprun.blocks"
@@ -775,6 +811,7 @@ def features(evidence: Evidence) -> Features:
         _step_cadence,
         _efficiency,
         _obvious,
+        _lr_as_declared,
         _config,
         _static,
         _decay_pull,

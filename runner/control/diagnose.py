@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from hyprun.diag.evidence import Evidence
-from hyprun.diag.features import why_unmeasured
+from hyprun.diag.features import KNOBS_TAG, why_unmeasured
 from hyprun.diag.live_checks import read_l0_tags
 from hyprun.diag.static import DataSample, DeviceInfo, device_info, run_checks
 from hyprun.diag.triage import triage
@@ -126,7 +126,7 @@ def diagnose(uri: str, run_id: str | None, experiment: str) -> tuple[str, dict[s
             "probe read its optimizer"
         )
     # A user's app: its cards in its own keys, through the knobs its seed run recorded.
-    knobs = from_dicts(json.loads(tags.get("hyprun.knobs", "{}"))) if "hyprun.app" in tags else None
+    knobs = from_dicts(json.loads(tags.get(KNOBS_TAG, "{}"))) if "hyprun.app" in tags else None
     drop_noop_cards(document["findings"], config, knobs)
     drop_reversing_cards(document["findings"])
     record_diagnosis(uri, run_id, document)

@@ -38,7 +38,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from hyprun.diag.features import ACCUMULATION_TAG, METRIC_TAG
+from hyprun.diag.features import ACCUMULATION_TAG, KNOBS_TAG, METRIC_TAG
 from hyprun.diag.metric import MetricSpec
 from hyprun.hypotheses.schema import Card
 from hyprun.runner import provenance
@@ -314,7 +314,7 @@ class HydraApp:
                         ),
                         ACCUMULATION_TAG: str(self.accumulation(cfg)),
                         # what diagnose needs to name cards in the app's keys
-                        "hyprun.knobs": json.dumps(
+                        KNOBS_TAG: json.dumps(
                             {name: knob.as_dict() for name, knob in self.knobs().items()}
                         ),
                     },

@@ -1,0 +1,72 @@
+"""The LR that trains is the LR the config declares (diag/features.py lr_over_declared, the
+finding lr_not_as_declared).
+
+Through the probe of a real loop whose LambdaLR lambda returns the LR where a factor belongs
+(lhoyer/MIC#60: the applied LR is the declared one squared), and whose optimizer was built
+without the config's LR (torch's default instead); its healthy forms, a constant LR and a
+warmup that ends, are quiet. The declared LR is read in the app's own key through its knobs."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hyprun.diag.triage import triage
+from hyprun.runner.control.diagnose import read_evidence
+from hyprun.runner.job.probe import Probe
+
+DECLARED = 1e-2
+KNOBS = {"optim.lr": {"key": "training.learning_rate", "default": 5e-5}}
+
+
+def recorded_run(uri: str, bug: str) -> str:
+    """A probed AdamW loop of 12 steps on a tiny regression; its run id."""
+    torch.manual_seed(0)
+    model = nn.Linear(8, 1)
+    built = {} if bug == "default_lr" else {"lr": DECLARED}  # torch's default: 1e-3
+    optimizer = torch.optim.AdamW(model.parameters(), **built)
+    factors = {
+        "lambda_returns_lr": lambda step: DECLARED,  # MIC#60: an LR, not a factor
+        "warmup": lambda step: min(1.0, (step + 1) / 4),
+    }
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, factors.get(bug, lambda step: 1.0))
+    probe = Probe(model, optimizer, step_unit="steps", every_steps=0)
+    for step in range(12):
+        x = torch.randn(16, 8, generator=torch.Generator().manual_seed(step))
+        loss = F.mse_loss(model(x), x.sum(1, keepdim=True))
+        loss.backward()
+        probe.after_backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+        schedule.step()
+    probe.close()
+    return probe.run_id
+
+
+def findings(uri: str, bug: str, config: dict, tags: dict | None = None) -> list[str]:
+    evidence, _ = read_evidence(uri, recorded_run(uri, bug))
+    evidence = dataclasses.replace(evidence, config=config, tags={**evidence.tags, **(tags or {})})
+    return [f.id for f in triage(evidence).findings]
+
+
+@pytest.mark.parametrize(
+    "bug, fires",
+    [("lambda_returns_lr", True), ("default_lr", True), ("", False), ("warmup", False)],
+)
+def test_an_lr_other_than_the_declared_one_is_a_finding_and_a_schedule_is_not(uri, bug, fires):
+    found = findings(uri, bug, {"optim": {"lr": DECLARED}})
+    assert ("lr_not_as_declared" in found) == fires
+
+
+def test_an_app_declares_its_lr_in_its_own_key_through_its_knobs(uri):
+    tags = {"hyprun.knobs": json.dumps(KNOBS)}
+    assert "lr_not_as_declared" not in findings(
+        uri, "", {"training": {"learning_rate": DECLARED}}, tags
+    )
+    # the app's key unset: the knob's default (the Trainer's 5e-5) is what it declares
+    assert "lr_not_as_declared" in findings(uri, "", {"training": {}}, tags)
