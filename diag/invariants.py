@@ -241,6 +241,33 @@ def outputs_unused(names: Sequence[str]) -> list[Violation]:
     ]
 
 
+def padding_idx_real(attended: int) -> list[Violation]:
+    """The token embedding's padding_idx met at MASKED_TOKEN_MIN or more attended positions of
+    the first steps: a real token, whose embedding row the padding_idx keeps from any gradient,
+    so it never trains (pad = eos freezes the end-of-text every document ends with). Exact:
+    padding sits where the attention mask is 0. Hook: the first steps' inputs and mask."""
+    if attended < MASKED_TOKEN_MIN:
+        return []
+    return [
+        Violation(
+            "padding_idx_is_padding_only",
+            "the token embedding's padding_idx",
+            f"the id is an attended input at {attended} position(s)",
+        )
+    ]
+
+
+def blocks_shared(names: Sequence[str]) -> list[Violation]:
+    """Blocks of the residual stack that are one module run again (`[block] * n`): the stack has
+    one block's weights, not n. Exact: n built blocks share no parameter (weight sharing on
+    purpose, as ALBERT's, reads the same: then the finding is the design). Hook: the stack's
+    blocks' parameters, once."""
+    return [
+        Violation("blocks_are_distinct", name, "shares its parameters with an earlier block")
+        for name in names
+    ]
+
+
 def steps_without_backward(steps: Sequence[int]) -> list[Violation]:
     """Optimizer steps taken with no backward since the step before: step() runs twice on one
     batch's gradients (called twice in the loop, or by the loop and a wrapper, or once per

@@ -195,6 +195,12 @@ class LiveFacts:
     output_unused: list[str] | None = None
     """Trainable parameters without a gradient from the first backward whose module ran in that
     training forward (invariants.outputs_unused); None: not read."""
+    padding_idx_attended: int | None = None
+    """Attended positions of the first steps' inputs holding the token embedding's padding_idx
+    (invariants.padding_idx_real); None: not read."""
+    shared_blocks: list[str] | None = None
+    """Blocks of the residual stack sharing a parameter with an earlier block
+    (invariants.blocks_shared); None: no stack found."""
     unbacked_steps: list[int] | None = None
     """Checked optimizer steps with no backward since the step before
     (invariants.steps_without_backward); None: gradients not kept in .grad, not read."""
@@ -392,6 +398,13 @@ def invariant_checks(facts: LiveFacts, rules: dict) -> list[Check]:
             rules["optimizer_state_reset"], facts.state_resets, invariants.optimizer_state_reset
         ),
         _judged(rules["sublayer_output_discarded"], facts.output_unused, invariants.outputs_unused),
+        _measured(
+            rules["padding_idx_on_real_token"],
+            facts.padding_idx_attended,
+            invariants.padding_idx_real,
+            f"positions < {invariants.MASKED_TOKEN_MIN}",
+        ),
+        _judged(rules["layer_weights_shared"], facts.shared_blocks, invariants.blocks_shared),
         _judged(
             rules["steps_without_backward"], facts.unbacked_steps, invariants.steps_without_backward
         ),

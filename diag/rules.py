@@ -288,6 +288,8 @@ class Checks(Strict):
     sublayer_output_discarded: Invariant
     weights_overwritten: Invariant
     steps_without_backward: Invariant
+    padding_idx_on_real_token: Invariant
+    layer_weights_shared: Invariant
     dropout_scale_wrong: Invariant
     adam_eps: LiveSetting
     adam_coupled_decay: CoupledDecay

@@ -1132,6 +1132,8 @@ NO_CARD_ROWS = {"noisy_labels", "noisy_labels_flat"} | {  # broken invariants: a
     "sublayer_output_discarded",
     "weights_overwritten",
     "steps_without_backward",
+    "padding_idx_on_real_token",
+    "layer_weights_shared",
     "lr_not_as_declared",
     "layer_norm_init_wrong",
     "dropout_scale_wrong",

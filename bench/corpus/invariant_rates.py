@@ -54,6 +54,8 @@ PROBE_CHECKS = (
     "sublayer_output_discarded",
     "weights_overwritten",
     "steps_without_backward",
+    "padding_idx_on_real_token",
+    "layer_weights_shared",
     "dropout_scale_wrong",
     "heldout_overlap",
     "label_smoothing_wrong",

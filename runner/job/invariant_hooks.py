@@ -338,6 +338,11 @@ class InvariantHooks:
         self._mask: torch.Tensor | None = None
         self.pad_id: int | None = None
         """The padding id a loop named (Probe's pad_id): read when the forward has no mask."""
+        self.padding_idx: int | None = None
+        """The token embedding's padding_idx (its row gets no gradient), when it has one."""
+        self.padding_idx_attended: int | None = None
+        """Attended positions of the first steps' inputs holding padding_idx; None: not read
+        (no mask, or only the loop's pad id, which is padding_idx itself, to tell padding by)."""
         self._handles = [model.register_forward_pre_hook(self._forward, with_kwargs=True)]
         for parameter in model.parameters():
             if parameter.requires_grad:
@@ -397,8 +402,11 @@ class InvariantHooks:
         if self._step < LOSS_READ_STEPS and torch.is_grad_enabled():
             self._inputs = read_ids(args, kwargs)
             self._mask = _attention_mask(kwargs, self._inputs)
+            given = self._mask is not None
             if self._mask is None and self._inputs is not None and self.pad_id is not None:
                 self._mask = padding_mask(self._inputs, self.pad_id)
+            if given or self.padding_idx != self.pad_id:
+                self._read_padding_idx()
             step = self._step_loss()
             if step.forwards == 0 and self._inputs is not None:  # the step's first micro-batch
                 self.batch_prints.append(hash(self._inputs.cpu().numpy().tobytes()))
@@ -420,6 +428,14 @@ class InvariantHooks:
             self._last_train_modes = {n for n, m in self.modules if not m.training}
         else:
             self.train_at_eval |= {n for n, m in self.modules if m.training}
+
+    def _read_padding_idx(self) -> None:
+        """Count the attended positions whose id is the embedding's padding_idx: a real token
+        there has an embedding that never trains (invariants.padding_idx_real)."""
+        if self.padding_idx is None or self._inputs is None or self._mask is None:
+            return
+        attended = (self._inputs == self.padding_idx) & self._mask.bool()
+        self.padding_idx_attended = (self.padding_idx_attended or 0) + int(attended.sum())
 
     def _before_accumulation(self, parameter: nn.Parameter):
         def hook(grad: torch.Tensor) -> None:

@@ -231,6 +231,8 @@ class Probe:
         self.invariants = InvariantHooks(model, self._reads_stale_grads)
         """The run-long invariants' hooks (mode modules, gradients left over, LRs)."""
         self.invariants.pad_id = pad_id
+        embedding = _input_embedding(model)
+        self.invariants.padding_idx = getattr(embedding, "padding_idx", None)
         self.invariants.read_step_norms = hook_optimizer and isinstance(
             optimizer, torch.optim.Optimizer
         )
@@ -583,6 +585,7 @@ class Probe:
             return
         read_optimizer(self.facts, self.optimizer, self.named)
         read_model(self.facts, self.model)
+        self.facts.shared_blocks = shared_blocks(self.blocks_path, self.blocks)
         self.facts.grad_clip = self._grad_clip
         self.facts.tokens_per_step = self.tokens_per_step or self._step_tokens * self.world
         if any(_uses_deepspeed(p) for _, p in self.named):
@@ -1030,6 +1033,7 @@ def read_invariants(
     facts.stream_pairs, facts.linear_chains = hooks.stream_pairs, hooks.linear_chains
     facts.state_resets = list(hooks.state_resets) if hooks.state_reads >= 2 else None
     facts.weight_rewrites = hooks.weight_rewrites()
+    facts.padding_idx_attended = hooks.padding_idx_attended
     facts.unbacked_steps = list(hooks.unbacked) if hooks.read_accumulation else None
     facts.train_eval_scale = hooks.train_eval_scale
     if hooks.heldout_rows:
@@ -1048,6 +1052,21 @@ def read_invariants(
     facts.step_forwards = hooks.forwards_per_step()
     facts.step_norms = list(hooks.step_norms)
     facts.batch_prints = list(hooks.batch_prints)
+
+
+def shared_blocks(path: str | None, blocks: nn.ModuleList | None) -> list[str] | None:
+    """Blocks of the residual stack that share a parameter with an earlier block (one module
+    appended n times: `nn.ModuleList([block] * n)`); None: no stack found."""
+    if blocks is None:
+        return None
+    seen: set[int] = set()
+    shared = []
+    for index, block in enumerate(blocks):
+        own = {id(p) for p in block.parameters()}
+        if own & seen:
+            shared.append(f"{path}.{index}")
+        seen |= own
+    return shared
 
 
 def dropout_max(model: nn.Module) -> tuple[float, list[str]] | None:
