@@ -63,14 +63,30 @@ def token_loss(
 
 
 def eval_loss(
-    model, data: dict, over_padding: bool = False, smoothing: float = 0.0, last_batch: int = 0
+    model,
+    data: dict,
+    over_padding: bool = False,
+    smoothing: float = 0.0,
+    last_batch: int = 0,
+    per_row_of: int = 0,
 ) -> float:
     """Mean next-token loss over the held-out set's real tokens (the correct loss), or
     (`over_padding`: bug.loss_mean_over_padding) the masked per-position losses averaged over
     every position, padding's zeros included; `smoothing` (bug.eval_loss_label_smoothed): the
     training criterion's label smoothing applied to the held-out targets too (0: none);
     `last_batch` (bug.eval_loss_last_batch): the set read in batches of that many rows and the
-    last batch's loss returned in place of the average over them all (0: the whole set)."""
+    last batch's loss returned in place of the average over them all (0: the whole set);
+    `per_row_of` (bug.eval_loss_over_dataset_size): the set read in batches of that many rows,
+    each batch's mean loss summed and the sum divided by the number of rows, not of batches."""
+    if per_row_of:  # test_loss += loss_fn(pred, y).item(); test_loss /= len(dataloader.dataset)
+        with torch.no_grad():  # (pytorch/tutorials#1486): batch means over a count of rows
+            summed = 0.0
+            for start in range(0, len(data["x"]), per_row_of):
+                logits = model(data["x"][start : start + per_row_of])
+                flat = logits.reshape(-1, logits.shape[-1])
+                target = data["y"][start : start + per_row_of].reshape(-1)
+                summed += float(F.cross_entropy(flat, target, ignore_index=IGNORE))
+        return summed / len(data["x"])
     if last_batch:  # the loss variable left from the loop logged (DeepLearningExamples PR 299)
         with torch.no_grad():
             for start in range(0, len(data["x"]), last_batch):

@@ -65,6 +65,10 @@ class TinyLM(nn.Module):
     """On (bug.ffn_output_discarded): the feed-forward sublayer's dropout is applied to its input
     instead of to its output, so the block adds dropout(input) to the stream and the two linear
     layers' output is thrown away."""
+    mask_diagonal = False
+    """On (bug.causal_mask_diagonal_masked): the causal mask's -inf is written at
+    torch.triu_indices(t, t, offset=0), the diagonal included, so no position may attend to
+    itself and the first position's scores are all -inf before the softmax."""
 
     def __init__(
         self,
@@ -140,6 +144,7 @@ class TinyLM(nn.Module):
             self.attention_softmax_over_queries,
             self.mask_after_softmax,
             self.ffn_output_discarded,
+            self.mask_diagonal,
         )
         return any(flags)
 
@@ -157,6 +162,7 @@ class TinyLM(nn.Module):
             self.heads_merged_without_permute,
             self.attention_softmax_over_queries,
             self.mask_after_softmax,
+            self.mask_diagonal,
         )
         if not any(by_hand):
             return layer._sa_block(h, mask, None, is_causal=True)
@@ -178,6 +184,11 @@ class TinyLM(nn.Module):
             weights = (q @ k.transpose(-2, -1) / math.sqrt(d // heads)).softmax(dim=-1)
             weights = F.dropout(weights.masked_fill(future, float("-inf")), drop)  # (timm PR 2236)
             out = weights @ v
+        elif self.mask_diagonal:  # indices = torch.triu_indices(t, t, offset=0); dot[..., indices]
+            rows, cols = torch.triu_indices(t, t, offset=0, device=h.device)  # = -inf; softmax
+            scores = q @ k.transpose(-2, -1) / math.sqrt(d // heads)  # (pbloem/former#10)
+            scores[..., rows, cols] = float("-inf")
+            out = F.dropout(scores.softmax(dim=-1), drop) @ v
         elif self.attention_unscaled:  # scale=1.0: q.k not divided by sqrt(head_dim)
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=drop, scale=1.0)
         else:  # (PAIR-code/tiny-transformers#71 above); the rest as torch computes it

@@ -30,6 +30,12 @@ np.uint16's 65536 was for a 119547-token vocabulary."""
 FIRST_TOKEN = PAD + 1
 """The first real token's id (bug.padding_idx_real_token): the id an embedding numbered from 0
 without a padding token gives its first entry, taken as padding_idx."""
+NO_DECAY = ("bias", "norm", "ln_f")
+"""Name parts of the parameters kept out of weight decay (optim.no_decay): biases and norms, as
+this model names them."""
+NO_DECAY_BERT = ("bias", "LayerNorm.weight")
+"""BERT's list, as the scripts that copied it match names (bug.no_decay_names_mismatch): no
+parameter of this model is named LayerNorm, so its norms are decayed."""
 
 
 def build(cfg: DictConfig) -> tuple:
@@ -58,6 +64,7 @@ def build(cfg: DictConfig) -> tuple:
     model.encoder_not_batch_first = bug.encoder_not_batch_first
     model.mask_after_softmax = bug.attention_mask_after_softmax  # (pytorch-image-models PR 2236)
     model.ffn_output_discarded = bug.ffn_output_discarded  # (theislab/CellFlow PR 296)
+    model.mask_diagonal = bug.causal_mask_diagonal_masked  # (pbloem/former#10)
     if bug.layers_share_weights:  # nn.ModuleList([layer] * n): one layer object, repeated, so
         layers = [model.encoder.layers[0]] * m.n_layer  # every layer is the first one's weights
         model.encoder.layers = torch.nn.ModuleList(layers)  # (zalandoresearch/pytorch-vq-vae#2,
@@ -154,6 +161,9 @@ def cosine_schedule(cfg: DictConfig, optimizer) -> torch.optim.lr_scheduler.Lamb
 def make_optimizer(cfg: DictConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
     o, bug = cfg.optim, cfg.bug
     params = model.parameters() if o.layer_decay == 1 else layer_groups(model, o.layer_decay)
+    if o.no_decay:  # biases and norms out of weight decay, matched by name (BERT's no_decay)
+        names = NO_DECAY_BERT if bug.no_decay_names_mismatch else NO_DECAY  # (transformers#16908,
+        params = decay_groups(model, o.weight_decay, names)  # DeepSpeedExamples PR 755)
     if o.name == "sgd" and bug.weight_decay_as_momentum:  # SGD(params, lr, weight_decay):
         return torch.optim.SGD(params, o.lr, o.weight_decay)  # 3rd is momentum (YudeWang/SEAM#21)
     if o.name == "sgd":
@@ -166,6 +176,19 @@ def make_optimizer(cfg: DictConfig, model: torch.nn.Module) -> torch.optim.Optim
         betas = (0.9, 1 - 0.999)
         return torch.optim.AdamW(params, lr=o.lr, weight_decay=o.weight_decay, betas=betas)
     return torch.optim.AdamW(params, lr=o.lr, weight_decay=o.weight_decay)
+
+
+def decay_groups(model: torch.nn.Module, weight_decay: float, no_decay: tuple) -> list[dict]:
+    """Two parameter groups: those whose name contains none of `no_decay` with the weight decay,
+    the rest without it (the grouping of BERT's and GPT's fine-tuning scripts)."""
+    named = list(model.named_parameters())
+    return [
+        {
+            "params": [p for n, p in named if not any(nd in n for nd in no_decay)],
+            "weight_decay": weight_decay,
+        },
+        {"params": [p for n, p in named if any(nd in n for nd in no_decay)], "weight_decay": 0.0},
+    ]
 
 
 def layer_groups(model: torch.nn.Module, decay: float) -> list[dict]:
@@ -257,6 +280,8 @@ def step_loss(model, micro: list, bug, accum: int, smoothing: float = 0.0, scale
             scaled = total / count / accum
         elif bug.loss_averaged_twice:  # a mean loss divided by its count again (PyTorch-YOLOv3#137)
             scaled = total / step_tokens / step_tokens
+        elif bug.loss_summed_not_averaged:  # l = loss(y_hat, y).sum(), and an SGD step without
+            scaled = total  # the / batch_size (ShusenTang/Dive-into-DL-PyTorch#75)
         else:  # the step's token sum over its token count
             scaled = total / step_tokens
         if scaler is not None:
@@ -355,6 +380,7 @@ def fit(cfg: DictConfig, log=None, probe: bool = True, attach=None, tracker=None
     ema = ExponentialMovingAverage(model, t.ema, bug.ema_update_sign_flipped) if t.ema else None
     model.train()
     last = float("nan")
+    best_loss, best_state = float("nan"), None
     for step in range(1, t.steps + 1):
         if bug.optimizer_reset_each_epoch and step > 1 and (step - 1) % steps_per_epoch == 0:
             optimizer.state.clear()  # a fresh Adam each epoch: moments and step count start over
@@ -376,6 +402,9 @@ def fit(cfg: DictConfig, log=None, probe: bool = True, attach=None, tracker=None
             torch.nn.utils.clip_grad_norm_(clip_params, cfg.optim.clip)  # (pytorch#148259)
         elif cfg.optim.clip and not bug.clip_after_step:  # (milesial/Pytorch-UNet#468)
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.clip)
+        elif bug.clip_norm_zero_as_off:  # clip_grad_norm_(params, max_grad_norm) unguarded, with
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.clip)  # 0 meant as off:
+            # every gradient scaled by 0 / norm (strands-labs/robots PR 2028, OpenNMT-py#1140)
         if bug.layer_decay_every_step:  # the layer scale applied at each step, not once
             for group in optimizer.param_groups:  # (jaehyunnn/ViTPose_pytorch#20)
                 group["lr"] *= group.get("lr_scale", 1.0)
@@ -411,7 +440,16 @@ def fit(cfg: DictConfig, log=None, probe: bool = True, attach=None, tracker=None
                 bug.loss_mean_over_padding,
                 smoothing,  # the training criterion reused (pytorch/pytorch#129050)
                 t.batch if bug.eval_loss_last_batch else 0,  # (NVIDIA/DeepLearningExamples PR 299)
+                t.batch if bug.eval_loss_over_dataset_size else 0,  # (pytorch/tutorials#1486)
             )
+            if t.keep_best:  # a copy of the evaluated weights whenever the eval loss improves
+                if bug.best_checkpoint_greater_is_better:  # greater_is_better left True for a
+                    better = last > best_loss  # loss metric (huggingface/transformers PR 31142)
+                else:
+                    better = last < best_loss
+                if best_state is None or better:
+                    evaluated = ema.model if ema is not None else model
+                    best_loss, best_state = last, copy.deepcopy(evaluated.state_dict())
             if cfg.sched.name == "plateau":
                 schedule.step(last)
             if log:
@@ -420,6 +458,20 @@ def fit(cfg: DictConfig, log=None, probe: bool = True, attach=None, tracker=None
                 model.train()
         if t.resume_after and step == round(t.resume_after * t.steps):  # a checkpoint written,
             resume(cfg, model)  # the run resumed from it
+    if best_state is not None:  # load_best_model_at_end, then evaluate
+        evaluated = ema.model if ema is not None else model
+        evaluated.load_state_dict(best_state)
+        evaluated.eval()
+        last = eval_loss(
+            evaluated,
+            heldout,
+            bug.loss_mean_over_padding,
+            t.label_smoothing if bug.eval_loss_label_smoothed else 0.0,
+            t.batch if bug.eval_loss_last_batch else 0,
+            t.batch if bug.eval_loss_over_dataset_size else 0,
+        )
+        if log:
+            log("eval_loss", last, t.steps)
     if watch:
         watch.close()
     return last
