@@ -728,6 +728,27 @@ def loss_rescaled(steps: Sequence[tuple[float, int]]) -> list[Violation]:
     return found
 
 
+def losses_summed(steps: Sequence[tuple[float, int]]) -> list[Violation]:
+    """Optimizer steps of one micro-batch whose N tokens weigh as a sum (N, within loss_rescaled's
+    factor sqrt(N)) in the loss backpropagated, not as a mean (1): each step is N times a mean's,
+    and its size changes with the tokens per batch. A warning, not a fault: a sum is a recipe
+    when the LR is set for it; the harm it predicts at an LR set for a mean is a run that blows
+    up (warnings.yaml). Hook: as loss_rescaled's."""
+    found = []
+    for step, (weight, tokens) in enumerate(steps):
+        if weight <= 0 or tokens <= 1 or not math.isfinite(weight):
+            continue
+        if abs(math.log(weight / tokens)) < 0.5 * math.log(tokens):
+            found.append(
+                Violation(
+                    "loss_is_a_mean",
+                    f"step {step}",
+                    f"the step's {tokens} tokens weigh {weight:.3g} in the loss (1 as a mean)",
+                )
+            )
+    return found
+
+
 def lowest_stream_cosine(pairs: Mapping[str, tuple[float, float]]) -> float | None:
     """The lowest cosine of the pairs stream_not_carried judges (None: no pair judged)."""
     judged = [cosine for cosine, growth in pairs.values() if growth < 1 / STREAM_CARRY]

@@ -356,6 +356,11 @@ def invariant_checks(facts: LiveFacts, rules: dict) -> list[Check]:
             invariants.loss_rescaled(facts.single_steps) if facts.single_steps else None,
             "fail",
         ),
+        _violations(
+            rules["loss_summed"],
+            invariants.losses_summed(facts.single_steps) if facts.single_steps else None,
+            "warn",
+        ),
         _measured(
             rules["functional_dropout_in_eval"],
             facts.eval_gap,

@@ -278,6 +278,7 @@ class Checks(Strict):
     functional_dropout_in_eval: Invariant
     causal_mask_missing: Invariant
     loss_divided_twice: Invariant
+    loss_summed: Invariant
     warmup_never_ends: Invariant
     updates_below_precision: Invariant
     symmetric_init: Invariant

@@ -51,3 +51,24 @@ def test_an_ema_run_away_from_the_weights_is_found_and_a_lagging_one_is_not(tmp_
     _, document = diagnose(store.uri, state.baseline["seed_runs"][0], store.experiment)
     ids = [finding["id"] for finding in document["findings"]]
     assert ("eval_reads_other_weights" in ids[:1]) is found, ids
+
+
+def test_a_metric_far_below_what_the_weights_read_is_a_wrong_normaliser_and_smoothing_is_not():
+    def found(metric_end: float) -> list[str]:
+        tags = {METRIC_TAG: json.dumps({"name": "eval_loss", "direction": "min"})}
+        series = {"eval_loss": [(80, metric_end)], **SCAN}
+        return [f.id for f in triage(Evidence({}, series, tags, [])).findings]
+
+    assert found(1.2 / 16) == ["eval_loss_wrong_normaliser"]  # divided by a batch's 16 rows
+    assert found(0.72 * 1.2) == []  # label smoothing 0.1 in the loss the weights read
+
+
+@pytest.mark.parametrize("bug", [False, True])
+def test_an_eval_loss_divided_by_the_rows_is_found_through_the_loop(tmp_path, bug):
+    store = Store(f"sqlite:///{tmp_path}/mlflow.db", "normaliser")
+    app = HydraApp.load("bench.corpus.apps.loop.train:main")
+    overrides = [f"bug.eval_loss_over_dataset_size={str(bug).lower()}"]  # pytorch/tutorials#1486
+    state = record_baseline(store, "normaliser", overrides, 1, "eval loss", app=app)
+    _, document = diagnose(store.uri, state.baseline["seed_runs"][0], store.experiment)
+    ids = [finding["id"] for finding in document["findings"]]
+    assert ("eval_loss_wrong_normaliser" in ids[:1]) is bug, ids

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hyprun.diag.evidence import Evidence
-from hyprun.diag.invariants import loss_rescaled
+from hyprun.diag.invariants import loss_rescaled, losses_summed
 from hyprun.diag.live_checks import LiveFacts, live_checks
 from hyprun.diag.triage import triage
 from hyprun.runner.job.probe import Probe
@@ -105,6 +105,16 @@ def test_a_first_loss_far_above_the_uniform_guess_reads_as_an_init_too_large():
 
 def test_a_rescaled_loss_is_a_finding_by_itself():
     assert findings(facts(single_steps=[(1 / 512, 512)]), FALLING)[0] == "loss_divided_twice"
+
+
+def test_a_summed_loss_warns_and_is_a_finding_only_where_the_run_blew_up():
+    assert losses_summed([(512.0, 512), (300.0, 512)]) and not losses_summed([(1.0, 512)])
+    summed = facts(single_steps=[(512.0, 512)])
+    assert statuses(summed)["loss_divided_twice"] == "pass"
+    assert {c.id: c.status for c in live_checks(summed)}["loss_summed"] == "warn"
+    blown_up = [(0, 4.0), (1, 9.0), (2, float("nan"))]
+    assert findings(summed, blown_up)[0] == "loss_summed_not_averaged"  # ShusenTang#75
+    assert "loss_summed_not_averaged" not in findings(summed, FALLING)  # an LR set for a sum
 
 
 class TinyLM(nn.Module):

@@ -1134,6 +1134,8 @@ NO_CARD_ROWS = {"noisy_labels", "noisy_labels_flat"} | {  # broken invariants: a
     "steps_without_backward",
     "padding_idx_on_real_token",
     "layer_weights_shared",
+    "eval_loss_wrong_normaliser",
+    "loss_summed_not_averaged",
     "lr_not_as_declared",
     "layer_norm_init_wrong",
     "dropout_scale_wrong",

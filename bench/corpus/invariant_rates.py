@@ -56,6 +56,7 @@ PROBE_CHECKS = (
     "steps_without_backward",
     "padding_idx_on_real_token",
     "layer_weights_shared",
+    "loss_summed",
     "dropout_scale_wrong",
     "heldout_overlap",
     "label_smoothing_wrong",
