@@ -47,6 +47,12 @@ def token_loss(
         onehot = F.one_hot(target.reshape(-1)[real], flat.shape[-1]).float()
         soft = (1.0 - smoothing) * onehot + 1.0 / flat.shape[-1]
         return -(soft * flat[real].log_softmax(-1)).sum(), int(real.sum())
+    if smoothing and bug.label_smoothing_over_padding:  # the uniform part over every position:
+        log_probs = flat.log_softmax(-1)  # -log_preds.sum(-1) reduced with padding's rows in it,
+        nll = F.nll_loss(log_probs, target.reshape(-1), ignore_index=IGNORE)  # the NLL without
+        uniform = -log_probs.sum(-1).mean() / flat.shape[-1]  # (pytorch/pytorch#73205, #7455)
+        count = int((target != IGNORE).sum())
+        return ((1.0 - smoothing) * nll + smoothing * uniform) * count, count
     if smoothing:
         total = F.cross_entropy(
             flat,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import math
+import random
 
 import hydra
 import mlflow
@@ -153,6 +154,9 @@ def cosine_schedule(cfg: DictConfig, optimizer) -> torch.optim.lr_scheduler.Lamb
         cycle, within = divmod(step - warmup, horizon - warmup)
         return RESTART_GAMMA**cycle * 0.5 * (1 + math.cos(math.pi * within / (horizon - warmup)))
 
+    if cfg.bug.warmup_lambda_uncapped:  # LambdaLR(lr_lambda=lambda step: step / warmup_steps):
+        return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: s / warmup)  # no min(1, .)
+        # and no decay after it (Adit-Jain-srm/NightmareNet PR 158)
     if cfg.bug.lambda_returns_lr:  # the lambda returns the LR, not a factor (lhoyer/MIC#60):
         return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: cfg.optim.lr * factor(s))
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
@@ -323,6 +327,9 @@ def resume(cfg: DictConfig, model: torch.nn.Module) -> None:
     if cfg.bug.checkpoint_prefix_mismatch:  # saved from model.module's wrapper, loaded with
         saved = {f"module.{key}": value for key, value in saved.items()}  # strict=False
         strict = False  # to quiet its missing keys (pytorch/examples#1029, OpenLDN#5)
+    if cfg.bug.resume_head_from_embedding:  # lm_head.weight left out of the checkpoint as tied
+        saved["head.weight"] = saved["tok_emb.weight"].clone()  # and rebuilt from the embedding on
+        # resume, though the two were never tied (NVIDIA-NeMo/Automodel PR 2511)
     rng = torch.get_rng_state()
     fresh = build(cfg)[0]
     torch.set_rng_state(rng)
@@ -349,12 +356,19 @@ def fit(cfg: DictConfig, log=None, probe: bool = True, attach=None, tracker=None
     if bug.heldout_sliced_from_train:  # the validation rows sliced off the training pool,
         heldout = {key: rows[: d.n_eval] for key, rows in train_set.items()}  # which training
         # reads in full (marin-community/marin PR 2700): every held-out row is trained on
+    if bug.shuffle_tensor_in_place:  # random.shuffle(data) on a tensor: each swap writes through
+        rows = torch.cat([train_set["x"], train_set["y"]], dim=1)  # views, so rows are copied
+        random.Random(d.seed).shuffle(rows)  # over others and lost (pytorch/pytorch#18934, #50880)
+        train_set = {**train_set, "x": rows[:, : d.seq_len], "y": rows[:, d.seq_len :]}
     if bug.token_ids_overflow:  # ids binarized in a dtype narrower than the vocab wrap around
         train_set = ids_wrapped(train_set, OVERFLOW_AT)  # (huggingface/transformers#2825)
     if bug.heldout_own_vocab:  # train and test each with their own vocab_to_int: the same
         heldout = encoded_with_own_vocab(train_set, heldout, d.vocab)  # token, another index
         # (minqukanq/hierarchical-multi-label-text-classification#6)
     model, optimizer, schedule = build(cfg)
+    if bug.model_built_twice:  # the model instantiated again after the optimizer took the first
+        model = build(cfg)[0]  # one's parameters: the trained model is not the one it steps
+        # (spro/practical-pytorch#9)
     steps_per_epoch = d.n_train // (t.batch * t.accum)
     stream = micro_batches(cfg, train_set)
     watch = None
@@ -408,7 +422,10 @@ def fit(cfg: DictConfig, log=None, probe: bool = True, attach=None, tracker=None
         if bug.layer_decay_every_step:  # the layer scale applied at each step, not once
             for group in optimizer.param_groups:  # (jaehyunnn/ViTPose_pytorch#20)
                 group["lr"] *= group.get("lr_scale", 1.0)
-        if bug.optimizer_step_per_epoch and step % steps_per_epoch != 0:
+        if bug.optimizer_step_missing:
+            pass  # backward, scheduler step and zero_grad, no optimizer.step() between them
+            # (tedlasai/learn2refocus#5)
+        elif bug.optimizer_step_per_epoch and step % steps_per_epoch != 0:
             pass  # step() under the epoch loop, after its batches: one step an epoch (XinyiYS/
             # Gradient-Driven-Rewards-to-Guarantee-Fairness-in-Collaborative-Machine-Learning#3)
         elif scaler is not None:
