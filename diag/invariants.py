@@ -147,13 +147,13 @@ stream mixing dropped and undropped parts grows less. Dividing by p instead (the
 grows it 1 / p: 10x at p = 0.1."""
 
 REWRITE_SHARE = 0.5
-"""Share of the sampled weight elements (invariant_hooks.WEIGHT_SAMPLE per tensor) that must
-differ, at a step's first backward, from what the last optimizer step left, for the weights to
-count as rewritten in between. Nothing but the optimizer writes trained weights in a healthy
-loop, and an evaluation that swaps weights in (an EMA, a best checkpoint) puts them back bit
-for bit, so a healthy run reads 0. Copying other weights in (the average, a checkpoint that did
-not load, a fresh init) changes nearly every element; a clamp or a projection a user applies on
-purpose touches some of them, so half is asked for."""
+"""Share of a weight tensor's sampled elements (invariant_hooks.WEIGHT_SAMPLE) that must differ,
+before a step's first forward, from what the last optimizer step left, for the tensor to count
+as rewritten in between. Nothing but the optimizer writes trained weights in a healthy loop, and
+an evaluation that swaps weights in (an EMA, a best checkpoint) puts them back bit for bit, so
+a healthy run reads 0. Copying other weights in (the average, a checkpoint that did not load or
+loaded one tensor from another, a fresh init) changes nearly every element of each tensor it
+writes; a clamp a user applies on purpose touches some of them, so half is asked for."""
 
 
 @dataclass(frozen=True)
@@ -268,6 +268,14 @@ def blocks_shared(names: Sequence[str]) -> list[Violation]:
     ]
 
 
+def never_stepped(backwards: int) -> list[Violation]:
+    """A run that ran backwards and never an optimizer step: step() is never called (left out
+    of the loop, or called on another optimizer than the parameters'), so nothing trains.
+    Exact: a loop that trains steps. Hook: the probe's backward count at close, where no step
+    came."""
+    return [Violation("the_optimizer_steps", "the whole run", f"{backwards} backwards, no step")]
+
+
 def steps_without_backward(steps: Sequence[int]) -> list[Violation]:
     """Optimizer steps taken with no backward since the step before: step() runs twice on one
     batch's gradients (called twice in the loop, or by the loop and a wrapper, or once per
@@ -280,21 +288,22 @@ def steps_without_backward(steps: Sequence[int]) -> list[Violation]:
     ]
 
 
-def weights_overwritten(read: tuple[int, float, int]) -> list[Violation]:
-    """Steps at whose first backward the weights were not the ones the last optimizer step left
-    (REWRITE_SHARE of the sampled elements changed): something between the step and the next
-    forward wrote the trained weights (an EMA or averaged copy put in and never restored, a
-    checkpoint loaded that matched no key, the model re-initialised), so training goes on from
-    other weights. `read`: (steps rewritten, the largest share changed, steps read). Hook: a
-    sample of the weights after each step and at the next step's first backward."""
-    rewritten, share, steps = read
+def weights_overwritten(read: tuple[int, int, int]) -> list[Violation]:
+    """Steps before whose first forward a weight tensor was not the one the last optimizer step
+    left (REWRITE_SHARE of its sampled elements changed): something between the step and the
+    next forward wrote the trained weights (an EMA or averaged copy put in and never restored,
+    a checkpoint loaded that matched no key or filled one tensor from another, the model
+    re-initialised), so training goes on from other weights. `read`: (steps rewritten, the
+    most tensors rewritten before one step, steps read). Hook: a sample of each weight tensor
+    after each step and before the next step's first forward."""
+    rewritten, tensors, steps = read
     if not rewritten:
         return []
     return [
         Violation(
             "only_the_optimizer_writes_weights",
             f"{rewritten} of {steps} step(s)",
-            f"up to {share:.0%} of the sampled weight elements changed between a step and the next",
+            f"up to {tensors} weight tensor(s) rewritten between a step and the next forward",
         )
     ]
 

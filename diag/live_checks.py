@@ -201,12 +201,15 @@ class LiveFacts:
     shared_blocks: list[str] | None = None
     """Blocks of the residual stack sharing a parameter with an earlier block
     (invariants.blocks_shared); None: no stack found."""
+    unstepped_backwards: int | None = None
+    """Backwards of a run whose optimizer never stepped (invariants.never_stepped); None: it
+    stepped, or was not read."""
     unbacked_steps: list[int] | None = None
     """Checked optimizer steps with no backward since the step before
     (invariants.steps_without_backward); None: gradients not kept in .grad, not read."""
-    weight_rewrites: tuple[int, float, int] | None = None
-    """(steps whose weights at the first backward differed from what the last step left, the
-    largest share of sampled elements changed, steps read) (invariants.weights_overwritten);
+    weight_rewrites: tuple[int, int, int] | None = None
+    """(steps before whose first forward a weight tensor differed from what the last step left,
+    the most tensors rewritten before one step, steps read) (invariants.weights_overwritten);
     None: not read."""
 
 
@@ -410,6 +413,9 @@ def invariant_checks(facts: LiveFacts, rules: dict) -> list[Check]:
             f"positions < {invariants.MASKED_TOKEN_MIN}",
         ),
         _judged(rules["layer_weights_shared"], facts.shared_blocks, invariants.blocks_shared),
+        _judged(
+            rules["optimizer_step_missing"], facts.unstepped_backwards, invariants.never_stepped
+        ),
         _judged(
             rules["steps_without_backward"], facts.unbacked_steps, invariants.steps_without_backward
         ),

@@ -288,6 +288,7 @@ class Checks(Strict):
     optimizer_state_reset: Invariant
     sublayer_output_discarded: Invariant
     weights_overwritten: Invariant
+    optimizer_step_missing: Invariant
     steps_without_backward: Invariant
     padding_idx_on_real_token: Invariant
     layer_weights_shared: Invariant

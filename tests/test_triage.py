@@ -1131,6 +1131,7 @@ NO_CARD_ROWS = {"noisy_labels", "noisy_labels_flat"} | {  # broken invariants: a
     "optimizer_state_reset",
     "sublayer_output_discarded",
     "weights_overwritten",
+    "optimizer_step_missing",
     "steps_without_backward",
     "padding_idx_on_real_token",
     "layer_weights_shared",

@@ -37,7 +37,7 @@ class Net(nn.Module):
         super().__init__()
         torch.manual_seed(0)
         self.bug = bug
-        self.embed = nn.Embedding(VOCAB, WIDTH)
+        self.embed = nn.Embedding(VOCAB, WIDTH, max_norm=1.0 if bug == "max_norm" else None)
         self.up, self.down = nn.Linear(WIDTH, 4 * WIDTH), nn.Linear(4 * WIDTH, WIDTH)
         self.head = nn.Linear(WIDTH, VOCAB)
         self.spare = nn.Linear(WIDTH, 2)  # built, never called: a pooler, an unused head
@@ -73,6 +73,9 @@ def between_steps(bug: str, model: nn.Module, average: nn.Module, step: int) -> 
             loss_of(model, batch(99))
         if bug == "ema_restored":
             model.load_state_dict(trained)
+    if step == 4 and bug == "head_from_embedding":  # a resume fills one tensor from another
+        with torch.no_grad():  # (NVIDIA-NeMo/Automodel PR 2511: the head from the embedding)
+            model.head.weight.copy_(model.embed.weight)
     if step == 4 and bug in ("resume_prefixed", "resume"):
         saved = copy.deepcopy(model.state_dict())
         if bug == "resume_prefixed":  # saved from a DataParallel wrapper, loaded strict=False
@@ -111,6 +114,7 @@ def statuses(bug: str = "", model: nn.Module | None = None) -> dict[str, str]:
         ("detached", "sublayer_output_discarded"),
         ("ema_kept", "weights_overwritten"),
         ("resume_prefixed", "weights_overwritten"),
+        ("head_from_embedding", "weights_overwritten"),
     ],
 )
 def test_each_fault_fails_its_own_check_and_only_it(uri, bug, failed):
@@ -119,8 +123,8 @@ def test_each_fault_fails_its_own_check_and_only_it(uri, bug, failed):
     assert set(found.values()) == {"pass"}
 
 
-@pytest.mark.parametrize("bug", ["", "ema_restored", "resume"])
-def test_healthy_loops_pass_with_a_spare_head_a_restored_average_or_a_loaded_checkpoint(uri, bug):
+@pytest.mark.parametrize("bug", ["", "ema_restored", "resume", "max_norm"])
+def test_healthy_loops_pass_with_a_spare_head_a_restored_average_a_checkpoint_or_max_norm(uri, bug):
     assert statuses(bug) == dict.fromkeys(CHECKS, "pass")
 
 
@@ -134,7 +138,7 @@ def test_the_hf_gpt2_passes_all_three(uri):
     "changes, finding",
     [
         ({"output_unused": ["down.weight"]}, "sublayer_output_discarded"),
-        ({"weight_rewrites": (2, 0.97, 7)}, "weights_overwritten"),
+        ({"weight_rewrites": (2, 5, 7)}, "weights_overwritten"),
         ({"unbacked_steps": [1]}, "steps_without_backward"),
     ],
 )
@@ -167,3 +171,19 @@ def stepped_twice_status(twice: bool) -> str:
 
 def test_a_second_step_on_the_same_gradients_fails_and_one_step_passes(uri):
     assert (stepped_twice_status(False), stepped_twice_status(True)) == ("pass", "fail")
+
+
+def test_a_loop_that_never_steps_fails_and_says_so_at_close(uri):
+    model = Net()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    probe = Probe(
+        model, optimizer, step_unit="steps", every_steps=2, heldout=batch(99), loss_fn=loss_of
+    )
+    for step in range(4):  # tedlasai/learn2refocus#5: backward, zero_grad, no step()
+        loss = loss_of(model, batch(step))
+        loss.backward()
+        probe.after_backward(loss)
+        optimizer.zero_grad()
+    probe.close()
+    assert probe_checks(probe.run_id)["optimizer_step_missing"]["status"] == "fail"
+    assert stepped_twice_status(False) == "pass"  # a loop that steps: the check is not read

@@ -53,6 +53,7 @@ PROBE_CHECKS = (
     "optimizer_state_reset",
     "sublayer_output_discarded",
     "weights_overwritten",
+    "optimizer_step_missing",
     "steps_without_backward",
     "padding_idx_on_real_token",
     "layer_weights_shared",

@@ -299,10 +299,11 @@ class InvariantHooks:
         """Checked optimizer steps with no backward since the step before (the same gradients
         applied again), read where the gradients stay in .grad (`read_accumulation`)."""
         self.rewrite_reads = 0
-        """Steps whose weights at the first backward were held against the last step's."""
+        """Steps whose weights were held, before their first forward, against the last step's."""
         self._rewrites: torch.Tensor | None = None
-        self._rewrite_share: torch.Tensor | None = None
+        self._rewritten_tensors: torch.Tensor | None = None
         self._watched: list[nn.Parameter] = []
+        self._sample_of: torch.Tensor | None = None
         self._after_step: torch.Tensor | None = None
         self._state_step: float | None = None
         self.label_reads: list[tuple[float, ...]] = []
@@ -368,37 +369,47 @@ class InvariantHooks:
         return set(self.called)
 
     def watch_weights(self, parameters: list[nn.Parameter]) -> None:
-        """Hold these weights at each step's first backward against what the last optimizer
+        """Hold these weights, before each step's first forward, against what the last optimizer
         step left (invariants.weights_overwritten); weights another owner shards are left out
         by the caller."""
         self._watched = parameters
+        sizes = [min(WEIGHT_SAMPLE, p.numel()) for p in parameters]
+        if parameters:  # which tensor each sampled element belongs to
+            place = torch.arange(len(sizes), device=parameters[0].device)
+            self._sample_of = place.repeat_interleave(torch.tensor(sizes, device=place.device))
 
     def weights_in_use(self) -> None:
-        """After a backward, before the optimizer step: do the weights this step trained with
-        differ from the ones the last step left? Once per step; counted on the device, so no
-        step waits for the read (read_invariants takes the totals)."""
+        """Before a step's first forward (or, for a loop whose forward the hooks do not see, at
+        its first backward): which weight tensors differ from what the last step left? Once
+        per step; counted on the device, so no step waits for the read (read_invariants takes
+        the totals)."""
         if self._after_step is None:
             return
-        changed = (weight_sample(self._watched) != self._after_step).float().mean()
+        differs = (weight_sample(self._watched) != self._after_step).float()
         self._after_step = None
         self.rewrite_reads += 1
-        rewritten = (changed >= REWRITE_SHARE).to(torch.int64)
+        per_tensor = torch.zeros(len(self._watched), device=differs.device)
+        per_tensor.index_add_(0, self._sample_of, differs)
+        sizes = torch.bincount(self._sample_of, minlength=len(self._watched)).clamp(min=1)
+        tensors = (per_tensor / sizes >= REWRITE_SHARE).sum()
         if self._rewrites is None:
-            self._rewrites, self._rewrite_share = rewritten, changed
+            self._rewrites, self._rewritten_tensors = (tensors > 0).long(), tensors
         else:
-            self._rewrites = self._rewrites + rewritten
-            self._rewrite_share = torch.maximum(self._rewrite_share, changed)
+            self._rewrites = self._rewrites + (tensors > 0).long()
+            self._rewritten_tensors = torch.maximum(self._rewritten_tensors, tensors)
 
-    def weight_rewrites(self) -> tuple[int, float, int] | None:
-        """(steps whose weights were rewritten since the last step, the largest share of the
-        sampled elements changed, steps read), or None before any step was read."""
+    def weight_rewrites(self) -> tuple[int, int, int] | None:
+        """(steps whose weights were rewritten since the last step, the most weight tensors
+        rewritten before one step, steps read), or None before any step was read."""
         if self._rewrites is None:
             return None
-        return int(self._rewrites), float(self._rewrite_share), self.rewrite_reads
+        return int(self._rewrites), int(self._rewritten_tensors), self.rewrite_reads
 
     def _forward(self, module: nn.Module, args, kwargs) -> None:
         if in_own_forward():
             return
+        if torch.is_grad_enabled():  # before the forward: an embedding's max_norm renorms in it
+            self.weights_in_use()
         if self._step < LOSS_READ_STEPS and torch.is_grad_enabled():
             self._inputs = read_ids(args, kwargs)
             self._mask = _attention_mask(kwargs, self._inputs)

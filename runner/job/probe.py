@@ -192,6 +192,7 @@ class Probe:
         """The first module whose output went non-finite, by its name in the model."""
 
         self._step_tokens = 0
+        self._backwards = 0
         self._micro_losses: list[torch.Tensor] = []
         self._checked = 0  # micro losses already tested for NaN/Inf
         self._window_losses: list[float] = []
@@ -273,6 +274,7 @@ class Probe:
         steps, measures the gradients (each call overwrites: the last micro-batch of a step
         sees the accumulated gradient, the one the step applies)."""
         start = time.perf_counter()
+        self._backwards += 1
         self.invariants.loss_read_done()
         self.invariants.weights_in_use()
         if loss is not None:
@@ -359,6 +361,9 @@ class Probe:
         """Deliver what is buffered; end the run only if the probe started it."""
         if self._closed:
             return
+        unstepped = self.steps == 0 and self._backwards >= 2 and self.optimizer is not None
+        if unstepped and self.facts is not None:
+            self._open()  # a loop that never stepped logged nothing yet: its checks need a run
         self._closed = True
         stop.release(self)
         for handle in self._handles:
@@ -366,6 +371,10 @@ class Probe:
         self.invariants.remove()
         self._close_activations()
         if self.facts is not None and self.steps >= 1:  # the run-long invariants, as they ended
+            self._log_checks()
+        elif self.facts is not None and unstepped:
+            read_optimizer(self.facts, self.optimizer, self.named)
+            self.facts.unstepped_backwards = self._backwards
             self._log_checks()
         if self._tracker is not None:
             status = "FAILED" if self.diverged else "FINISHED"
