@@ -9,6 +9,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+MASK_VALUE = -1e9
+"""The large negative a binary-mask convention adds where the mask is 0 (cs249r_book PR 1785)."""
+
 
 class TinyLM(nn.Module):
     """Token and position embeddings, `n_layer` pre-norm encoder layers under a causal mask,
@@ -69,6 +72,17 @@ class TinyLM(nn.Module):
     """On (bug.causal_mask_diagonal_masked): the causal mask's -inf is written at
     torch.triu_indices(t, t, offset=0), the diagonal included, so no position may attend to
     itself and the first position's scores are all -inf before the softmax."""
+    blocks = None
+    """Set (bug.layers_in_plain_list): the encoder layers held in a plain Python list instead of
+    the encoder's ModuleList, run in order; nn.Module does not register them."""
+    mask_convention_mismatch = False
+    """On (bug.attention_mask_convention_mismatch): the additive causal mask (0 where a key may be
+    read, -inf where not) is handed to a masking step written for a binary one (1 attend, 0
+    block), scores + (1 - mask) * MASK_VALUE."""
+    heads_share_projection = False
+    """On (bug.heads_share_projection): the layer input is split into heads first, and each head's
+    slice is projected to q, k and v by one head_dim x head_dim map shared by every head (the
+    layer's `shared_qkv`), instead of projecting the whole input per head."""
 
     def __init__(
         self,
@@ -114,6 +128,9 @@ class TinyLM(nn.Module):
             rows = h.shape[0]  # dim 0 (the batch) read as the sequence, its mask sized by it
             mask = nn.Transformer.generate_square_subsequent_mask(rows, device=h.device)
             h = self.encoder(h.transpose(0, 1), mask=mask, is_causal=True).transpose(0, 1)
+        elif self.blocks is not None:  # self.layers = [...]: a list, never registered
+            for layer in self.blocks:  # (pytorch/pytorch#59925, #715)
+                h = layer(h, src_mask=self.mask[:t, :t], is_causal=True)
         elif self.layers_by_hand:
             for layer in self.encoder.layers:
                 h = self.layer_by_hand(layer, h, self.mask[:t, :t])
@@ -145,6 +162,8 @@ class TinyLM(nn.Module):
             self.mask_after_softmax,
             self.ffn_output_discarded,
             self.mask_diagonal,
+            self.mask_convention_mismatch,
+            self.heads_share_projection,
         )
         return any(flags)
 
@@ -163,16 +182,28 @@ class TinyLM(nn.Module):
             self.attention_softmax_over_queries,
             self.mask_after_softmax,
             self.mask_diagonal,
+            self.mask_convention_mismatch,
+            self.heads_share_projection,
         )
         if not any(by_hand):
             return layer._sa_block(h, mask, None, is_causal=True)
         attn = layer.self_attn
         b, t, d = h.shape
         heads = attn.num_heads
-        q, k, v = F.linear(h, attn.in_proj_weight, attn.in_proj_bias).chunk(3, dim=-1)
-        q, k, v = (z.reshape(b, t, heads, d // heads).transpose(1, 2) for z in (q, k, v))
+        if self.heads_share_projection:  # x.reshape(N, L, heads, head_size), then one
+            pieces = h.reshape(b, t, heads, d // heads)  # Linear(head_size, head_size) for all
+            q, k, v = (  # heads (MarcoMeter/episodic-transformer-memory-ppo PR 22)
+                layer.shared_qkv[name](pieces).transpose(1, 2) for name in ("q", "k", "v")
+            )
+        else:
+            q, k, v = F.linear(h, attn.in_proj_weight, attn.in_proj_bias).chunk(3, dim=-1)
+            q, k, v = (z.reshape(b, t, heads, d // heads).transpose(1, 2) for z in (q, k, v))
         drop = attn.dropout if self.training else 0.0
-        if self.attention_mask_inverted:  # the mask of the future, read as the keys allowed
+        if self.mask_convention_mismatch:  # _apply_mask(scores, mask) written for 1 = attend,
+            scores = q @ k.transpose(-2, -1) / math.sqrt(d // heads)  # given the additive
+            scores = scores + (1 - mask) * MASK_VALUE  # 0 / -inf mask (cs249r_book PR 1785):
+            out = F.dropout(scores.softmax(dim=-1), drop) @ v  # every readable key gets -1e9
+        elif self.attention_mask_inverted:  # the mask of the future, read as the keys allowed
             future = torch.triu(torch.ones(t, t, dtype=torch.bool, device=h.device), diagonal=1)
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=future, dropout_p=drop)
         elif self.attention_softmax_over_queries:  # softmax(dim=-2): each key's column sums

@@ -66,6 +66,11 @@ def build(cfg: DictConfig) -> tuple:
     model.mask_after_softmax = bug.attention_mask_after_softmax  # (pytorch-image-models PR 2236)
     model.ffn_output_discarded = bug.ffn_output_discarded  # (theislab/CellFlow PR 296)
     model.mask_diagonal = bug.causal_mask_diagonal_masked  # (pbloem/former#10)
+    model.mask_convention_mismatch = bug.attention_mask_convention_mismatch  # (cs249r_book PR 1785)
+    if bug.layers_in_plain_list:  # self.layers = [Layer(...) for _ in range(n)]: a Python list,
+        model.blocks = list(model.encoder.layers)  # so model.parameters() and .train()/.eval()
+        model.encoder.layers = torch.nn.ModuleList()  # never reach the layers (pytorch/pytorch
+        # #59925, #715; twitter/the-algorithm-ml PR 136)
     if bug.layers_share_weights:  # nn.ModuleList([layer] * n): one layer object, repeated, so
         layers = [model.encoder.layers[0]] * m.n_layer  # every layer is the first one's weights
         model.encoder.layers = torch.nn.ModuleList(layers)  # (zalandoresearch/pytorch-vq-vae#2,
@@ -92,12 +97,21 @@ def build(cfg: DictConfig) -> tuple:
             weights_drawn_like(module, std=1.0)
     if not cfg.bug.head_not_in_optimizer:
         model.head = new_head
+    if bug.heads_share_projection:  # Linear(head_size, head_size, bias=False) for values, keys
+        model.heads_share_projection = True  # and queries, applied to every head's slice of the
+        for layer in model.encoder.layers:  # input (MarcoMeter/episodic-transformer-memory-ppo
+            hd = m.d_model // m.n_head  # PR 22)
+            layer.shared_qkv = torch.nn.ModuleDict(
+                {name: torch.nn.Linear(hd, hd, bias=False) for name in ("q", "k", "v")}
+            )
     if bug.bf16_weights_no_master:  # the weights themselves in bf16, no fp32 master copy
         model.to(torch.bfloat16)  # (hp-l33/AiM#10, tianweiy/CausVid#19)
     optimizer = make_optimizer(cfg, model)
     if cfg.bug.head_not_in_optimizer:  # replaced after the optimizer took the parameters
         model.head = new_head
-    if cfg.optim.layer_decay != 1 and not bug.layer_decay_every_step:
+    scale_unused = bug.layer_decay_scale_unused  # groups carry lr_scale, which a plain torch
+    # optimizer and schedule never read (facebookresearch/mae#216, pytorch-image-models PR 2532)
+    if cfg.optim.layer_decay != 1 and not bug.layer_decay_every_step and not scale_unused:
         for group in optimizer.param_groups:  # each layer's scale, applied once
             group["lr"] *= group["lr_scale"]
     return model, optimizer, make_schedule(cfg, optimizer)
