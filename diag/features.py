@@ -483,9 +483,11 @@ def declared(ev: Evidence, name: str) -> Any:
 
 
 def _lr_as_declared(ev: Evidence, out: Features) -> None:
-    """The peak LR the optimizer applied over the LR the config declares, and whether the LR
-    ever rose above its first reading (a warmup): the config's LR is the one that trains."""
-    value, lrs = _num(declared(ev, "optim.lr")), _finite(ev.points("train/lr"))
+    """The peak LR the optimizer applied (its highest group's, where the groups differ) over the
+    LR the config declares, and whether the LR ever rose above its first reading (a warmup):
+    the config's LR is the one that trains."""
+    lrs = _finite(ev.points(LR_MAX)) or _finite(ev.points("train/lr"))
+    value = _num(declared(ev, "optim.lr"))
     if not value or value <= 0 or len(lrs) < 2:
         return
     peak = max(v for _, v in lrs)
@@ -703,7 +705,7 @@ NEEDS = {
     "perf/step_time_s": "step_time_s",
     "perf/peak_mem_gb": "peak_mem_gb",
     "train/lr or config optim.lr": "lr",
-    "train/lr and the declared LR (config optim.lr or the app's knob for it)": (
+    "train/lr (or train/lr_max) and the declared LR (config optim.lr or the app's knob for it)": (
         "lr_over_declared lr_rose"
     ),
     "train/loss and config model.vocab_size (or data.vocab_size, or a language model's head)": (
@@ -726,6 +728,9 @@ it is our job's, whose held-out metric is eval/loss."""
 ACCUMULATION_TAG = "hyprun.accumulation"
 """Tag of an app's seed run: the micro-batches per optimizer step its config declares (its
 ds.grad_accum knob), or "unknown"; a run without it is our job's (config ds.grad_accum)."""
+LR_MAX = "train/lr_max"
+"""The highest LR over the optimizer's groups, logged where the groups' LRs differ (a layer-wise
+decay gives each group a share of the declared LR; the top group trains at it)."""
 KNOBS_TAG = "hyprun.knobs"
 """Tag of an app's seed run: its knobs as JSON ({card vocabulary name: {"key", "default", ...}}):
 which of the app's keys holds, e.g., the LR the cards call optim.lr."""

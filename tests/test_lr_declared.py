@@ -4,7 +4,8 @@ finding lr_not_as_declared).
 Through the probe of a real loop whose LambdaLR lambda returns the LR where a factor belongs
 (lhoyer/MIC#60: the applied LR is the declared one squared), and whose optimizer was built
 without the config's LR (torch's default instead); its healthy forms, a constant LR and a
-warmup that ends, are quiet. The declared LR is read in the app's own key through its knobs."""
+warmup that ends and a layer-wise decay whose first group trains at a share of it, are quiet.
+The declared LR is read in the app's own key through its knobs."""
 
 from __future__ import annotations
 
@@ -30,6 +31,11 @@ def recorded_run(uri: str, bug: str) -> str:
     model = nn.Linear(8, 1)
     built = {} if bug == "default_lr" else {"lr": DECLARED}  # torch's default: 1e-3
     optimizer = torch.optim.AdamW(model.parameters(), **built)
+    if bug == "layer_decay":  # facebookresearch/mae#216: group 0 at a share of the declared LR
+        optimizer = torch.optim.AdamW(
+            [{"params": [model.bias], "lr": DECLARED * 0.1}, {"params": [model.weight]}],
+            lr=DECLARED,
+        )
     factors = {
         "lambda_returns_lr": lambda step: DECLARED,  # MIC#60: an LR, not a factor
         "warmup": lambda step: min(1.0, (step + 1) / 4),
@@ -56,7 +62,13 @@ def findings(uri: str, bug: str, config: dict, tags: dict | None = None) -> list
 
 @pytest.mark.parametrize(
     "bug, fires",
-    [("lambda_returns_lr", True), ("default_lr", True), ("", False), ("warmup", False)],
+    [
+        ("lambda_returns_lr", True),
+        ("default_lr", True),
+        ("", False),
+        ("warmup", False),
+        ("layer_decay", False),
+    ],
 )
 def test_an_lr_other_than_the_declared_one_is_a_finding_and_a_schedule_is_not(uri, bug, fires):
     found = findings(uri, bug, {"optim": {"lr": DECLARED}})

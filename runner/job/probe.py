@@ -46,7 +46,7 @@ from torch import nn
 from hyprun.diag import probes
 from hyprun.diag.efficiency import mfu, transformer_flops_per_token
 from hyprun.diag.evidence import NAN_MODULE_TAG, OUTCOME_TAG
-from hyprun.diag.features import SCAN_BATCH_LOSS, SCAN_TAG, VOCAB_TAG
+from hyprun.diag.features import LR_MAX, SCAN_BATCH_LOSS, SCAN_TAG, VOCAB_TAG
 from hyprun.diag.live_checks import LiveFacts, l0_tags, live_checks
 from hyprun.diag.spikes import SpikeDetector
 from hyprun.runner.job import model_checks, stop
@@ -631,8 +631,11 @@ class Probe:
             if self.switches["spikes"] and math.isfinite(loss):
                 metrics["anomaly/loss_spike"] = float(self.loss_spikes.update(loss))
                 metrics["anomaly/spike_score"] = self.loss_spikes.score
-        if getattr(self.optimizer, "param_groups", None):
+        if groups := getattr(self.optimizer, "param_groups", None):
             metrics["train/lr"] = self._lr()
+            highest = max(float(group["lr"]) for group in groups)
+            if highest != metrics["train/lr"]:  # per-group LRs (a layer-wise decay)
+                metrics[LR_MAX] = highest
         start = self._last_window_start(now)
         elapsed = now - start
         if elapsed > 0 and self._window_steps:
