@@ -30,10 +30,10 @@ LOSS_READ_STEPS = 3
 (a bug of the code is there from the first step; every op of those forwards passes through
 Python once)."""
 WEIGHT_SAMPLE = 8
-"""Elements read per weight tensor, spread evenly over it, to see the weights rewritten between
-an optimizer step and the next backward: a copy of other weights (an average, a checkpoint, a
-fresh init) changes almost every element, so a few per tensor show it, and the read costs one
-small copy per step instead of a pass over the model."""
+"""Elements read per weight tensor, spread evenly over it, to see a tensor rewritten between an
+optimizer step and the next forward: a copy of other weights (an average, a checkpoint, a fresh
+init) changes almost every element, so a few per tensor show it, and the read costs one small
+copy per step instead of a pass over the model."""
 
 
 LOG_SOFTMAX = (F.log_softmax, torch.log_softmax, torch.Tensor.log_softmax)
@@ -304,6 +304,8 @@ class InvariantHooks:
         self._rewritten_tensors: torch.Tensor | None = None
         self._watched: list[nn.Parameter] = []
         self._sample_of: torch.Tensor | None = None
+        """Which watched tensor each element of a weight sample comes from."""
+        self._sample_sizes: torch.Tensor | None = None
         self._after_step: torch.Tensor | None = None
         self._state_step: float | None = None
         self.label_reads: list[tuple[float, ...]] = []
@@ -373,10 +375,12 @@ class InvariantHooks:
         step left (invariants.weights_overwritten); weights another owner shards are left out
         by the caller."""
         self._watched = parameters
-        sizes = [min(WEIGHT_SAMPLE, p.numel()) for p in parameters]
-        if parameters:  # which tensor each sampled element belongs to
-            place = torch.arange(len(sizes), device=parameters[0].device)
-            self._sample_of = place.repeat_interleave(torch.tensor(sizes, device=place.device))
+        if not parameters:
+            return
+        device = parameters[0].device
+        sizes = torch.tensor([len(sampled(p)) for p in parameters], device=device)
+        self._sample_sizes = sizes.clamp(min=1)
+        self._sample_of = torch.arange(len(parameters), device=device).repeat_interleave(sizes)
 
     def weights_in_use(self) -> None:
         """Before a step's first forward (or, for a loop whose forward the hooks do not see, at
@@ -385,13 +389,15 @@ class InvariantHooks:
         the totals)."""
         if self._after_step is None:
             return
-        differs = (weight_sample(self._watched) != self._after_step).float()
+        now, before = weight_sample(self._watched), self._after_step
         self._after_step = None
+        if now.shape != before.shape:  # a weight's storage was swapped for another shape
+            self.watch_weights(self._watched)
+            return
         self.rewrite_reads += 1
-        per_tensor = torch.zeros(len(self._watched), device=differs.device)
-        per_tensor.index_add_(0, self._sample_of, differs)
-        sizes = torch.bincount(self._sample_of, minlength=len(self._watched)).clamp(min=1)
-        tensors = (per_tensor / sizes >= REWRITE_SHARE).sum()
+        per_tensor = torch.zeros(len(self._watched), device=now.device)
+        per_tensor.index_add_(0, self._sample_of, (now != before).float())
+        tensors = (per_tensor / self._sample_sizes >= REWRITE_SHARE).sum()
         if self._rewrites is None:
             self._rewrites, self._rewritten_tensors = (tensors > 0).long(), tensors
         else:
@@ -585,13 +591,15 @@ class InvariantHooks:
         self._handles, self._call_handles = [], []
 
 
+def sampled(parameter: nn.Parameter) -> torch.Tensor:
+    """WEIGHT_SAMPLE elements of a tensor, evenly spaced over it (a view)."""
+    flat = parameter.detach().reshape(-1)
+    return flat[:: max(1, flat.numel() // WEIGHT_SAMPLE)][:WEIGHT_SAMPLE]
+
+
 def weight_sample(parameters: list[nn.Parameter]) -> torch.Tensor:
-    """WEIGHT_SAMPLE elements of each tensor, evenly spaced over it, copied into one tensor."""
-    picked = []
-    for parameter in parameters:
-        flat = parameter.detach().reshape(-1)
-        picked.append(flat[:: max(1, flat.numel() // WEIGHT_SAMPLE)][:WEIGHT_SAMPLE])
-    return torch.cat(picked)  # one copy; mixed dtypes promote to the widest
+    """Each tensor's sample copied into one tensor (mixed dtypes promote to the widest)."""
+    return torch.cat([sampled(p) for p in parameters])
 
 
 def row_hashes(ids: torch.Tensor) -> list[int]:
