@@ -303,6 +303,8 @@ class InvariantHooks:
         self._rewrites: torch.Tensor | None = None
         self._rewritten_tensors: torch.Tensor | None = None
         self._watched: list[nn.Parameter] = []
+        self._views: list[torch.Tensor] = []
+        self._storage: list[int] = []
         self._sample_of: torch.Tensor | None = None
         """Which watched tensor each element of a weight sample comes from."""
         self._sample_sizes: torch.Tensor | None = None
@@ -375,12 +377,21 @@ class InvariantHooks:
         step left (invariants.weights_overwritten); weights another owner shards are left out
         by the caller."""
         self._watched = parameters
+        self._views = [sampled(p) for p in parameters]
+        self._storage = [p.data_ptr() for p in parameters]
         if not parameters:
             return
         device = parameters[0].device
-        sizes = torch.tensor([len(sampled(p)) for p in parameters], device=device)
+        sizes = torch.tensor([len(view) for view in self._views], device=device)
         self._sample_sizes = sizes.clamp(min=1)
         self._sample_of = torch.arange(len(parameters), device=device).repeat_interleave(sizes)
+
+    def _weight_sample(self) -> torch.Tensor:
+        """The watched tensors' samples copied into one tensor: one copy of views made once,
+        made again where a weight's storage was replaced (`param.data = ...`, a move)."""
+        if [p.data_ptr() for p in self._watched] != self._storage:
+            self.watch_weights(self._watched)
+        return torch.cat(self._views)  # mixed dtypes promote to the widest
 
     def weights_in_use(self) -> None:
         """Before a step's first forward (or, for a loop whose forward the hooks do not see, at
@@ -389,10 +400,9 @@ class InvariantHooks:
         the totals)."""
         if self._after_step is None:
             return
-        now, before = weight_sample(self._watched), self._after_step
+        now, before = self._weight_sample(), self._after_step
         self._after_step = None
         if now.shape != before.shape:  # a weight's storage was swapped for another shape
-            self.watch_weights(self._watched)
             return
         self.rewrite_reads += 1
         per_tensor = torch.zeros(len(self._watched), device=now.device)
@@ -558,7 +568,7 @@ class InvariantHooks:
         self._later, self._emptied = 0, 0
         self.eval_at_train |= self._last_train_modes
         if self._watched:
-            self._after_step = weight_sample(self._watched)
+            self._after_step = self._weight_sample()
         if self.read_step_norms and self._step < LOSS_READ_STEPS:
             grads = [p.grad for p in self.model.parameters() if p.grad is not None]
             if grads:
@@ -595,11 +605,6 @@ def sampled(parameter: nn.Parameter) -> torch.Tensor:
     """WEIGHT_SAMPLE elements of a tensor, evenly spaced over it (a view)."""
     flat = parameter.detach().reshape(-1)
     return flat[:: max(1, flat.numel() // WEIGHT_SAMPLE)][:WEIGHT_SAMPLE]
-
-
-def weight_sample(parameters: list[nn.Parameter]) -> torch.Tensor:
-    """Each tensor's sample copied into one tensor (mixed dtypes promote to the widest)."""
-    return torch.cat([sampled(p) for p in parameters])
 
 
 def row_hashes(ids: torch.Tensor) -> list[int]:
