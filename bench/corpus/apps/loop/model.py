@@ -84,6 +84,13 @@ class TinyLM(nn.Module):
     slice is projected to q, k and v by one head_dim x head_dim map shared by every head (the
     layer's `shared_qkv`), instead of projecting the whole input per head."""
 
+    attention_scale_inverted = False
+    """On (bug.attention_scale_inverted): the scale is written as head_dim ** -0.5 and the scores
+    are divided by it, so q.k is multiplied by sqrt(head_dim) instead of divided."""
+    causal_train_only = False
+    """On (bug.causal_mask_train_only): the causal mask is applied only while training
+    (is_causal = self.training), so in eval mode each position sees the tokens after it."""
+
     def __init__(
         self,
         vocab: int,
@@ -134,6 +141,9 @@ class TinyLM(nn.Module):
         elif self.layers_by_hand:
             for layer in self.encoder.layers:
                 h = self.layer_by_hand(layer, h, self.mask[:t, :t])
+        elif self.causal_train_only:  # is_causal_flag = self.training (shiyu-coder/Kronos#199):
+            mask = self.mask[:t, :t] if self.training else None  # eval reads the full context
+            h = self.encoder(h, mask=mask, is_causal=self.training)
         elif self.causal:
             h = self.encoder(h, mask=self.mask[:t, :t], is_causal=True)
         else:  # no src mask, as in pytorch/tutorials#2478: the next token is in view
@@ -164,6 +174,7 @@ class TinyLM(nn.Module):
             self.mask_diagonal,
             self.mask_convention_mismatch,
             self.heads_share_projection,
+            self.attention_scale_inverted,
         )
         return any(flags)
 
@@ -184,6 +195,7 @@ class TinyLM(nn.Module):
             self.mask_diagonal,
             self.mask_convention_mismatch,
             self.heads_share_projection,
+            self.attention_scale_inverted,
         )
         if not any(by_hand):
             return layer._sa_block(h, mask, None, is_causal=True)
@@ -222,6 +234,11 @@ class TinyLM(nn.Module):
             out = F.dropout(scores.softmax(dim=-1), drop) @ v
         elif self.attention_unscaled:  # scale=1.0: q.k not divided by sqrt(head_dim)
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=drop, scale=1.0)
+        elif self.attention_scale_inverted:  # self.scale = head_dim ** -0.5, then q.k / self.scale:
+            inverted = 1.0 / (d // heads) ** -0.5  # x sqrt(head_dim) (esceptico/perceiver-io#9)
+            out = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, dropout_p=drop, scale=inverted
+            )
         else:  # (PAIR-code/tiny-transformers#71 above); the rest as torch computes it
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=drop)
         if self.heads_merged_without_permute:  # [B, heads, T, hd] reshaped as it lies in memory

@@ -67,6 +67,8 @@ def build(cfg: DictConfig) -> tuple:
     model.ffn_output_discarded = bug.ffn_output_discarded  # (theislab/CellFlow PR 296)
     model.mask_diagonal = bug.causal_mask_diagonal_masked  # (pbloem/former#10)
     model.mask_convention_mismatch = bug.attention_mask_convention_mismatch  # (cs249r_book PR 1785)
+    model.attention_scale_inverted = bug.attention_scale_inverted  # (esceptico/perceiver-io#9)
+    model.causal_train_only = bug.causal_mask_train_only  # (shiyu-coder/Kronos#199)
     if bug.layers_in_plain_list:  # self.layers = [Layer(...) for _ in range(n)]: a Python list,
         model.blocks = list(model.encoder.layers)  # so model.parameters() and .train()/.eval()
         model.encoder.layers = torch.nn.ModuleList()  # never reach the layers (pytorch/pytorch
@@ -83,7 +85,10 @@ def build(cfg: DictConfig) -> tuple:
         for layer in model.encoder.layers:  # (yz93/LAVT-RIS#25): nn.init.zeros_ on each weight
             torch.nn.init.zeros_(layer.linear1.weight)
             torch.nn.init.zeros_(layer.linear2.weight)
-    if m.freeze_emb:  # the embeddings frozen, as a fine-tuning run freezes its first layers
+    if m.freeze_emb and bug.module_requires_grad_set:  # module.requires_grad = False: an attribute
+        model.tok_emb.requires_grad = False  # on the nn.Module, which never reaches its parameters
+        model.pos_emb.requires_grad = False  # (CSCYQJ/MICCAI23-ProtoContra-SFDA#18, catalyst PR 81)
+    elif m.freeze_emb:  # the embeddings frozen, as a fine-tuning run freezes its first layers
         for parameter in (*model.tok_emb.parameters(), *model.pos_emb.parameters()):
             parameter.requires_grad = False
     if bug.layer_norm_init_random:  # huggingface/transformers#143: init_bert_weights
@@ -127,7 +132,43 @@ def make_schedule(cfg: DictConfig, optimizer):
         return torch.optim.lr_scheduler.ReduceLROnPlateau(
             optimizer, mode=mode, factor=cfg.sched.factor, patience=cfg.sched.patience
         )
+    if cfg.sched.warmup and cfg.bug.warmup_scheduler_overrides:  # a per-step warmup LambdaLR and
+        return WarmupAndStepLR(cfg, optimizer)  # the per-epoch StepLR on one optimizer
+        # (Lightning-AI/pytorch-lightning#8884, pytorch/pytorch#33416)
+    if cfg.sched.warmup:  # a linear warmup, then StepLR's decay per epoch, in one per-step factor
+        warmup, every = cfg.sched.warmup, cfg.sched.every_epochs * steps_per_epoch(cfg)
+        return torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda s: min(1.0, (s + 1) / warmup) * cfg.sched.gamma ** (s // every)
+        )
     return torch.optim.lr_scheduler.StepLR(optimizer, cfg.sched.every_epochs, cfg.sched.gamma)
+
+
+def steps_per_epoch(cfg: DictConfig) -> int:
+    """Optimizer steps in one epoch."""
+    return cfg.data.n_train // (cfg.train.batch * cfg.train.accum)
+
+
+class WarmupAndStepLR:
+    """Two schedulers on one optimizer, stepped as a trainer steps them: a warmup LambdaLR at
+    every step (lr = base_lr x min(1, step / warmup)) and the StepLR at each epoch's end. LambdaLR
+    is not chainable: each of its steps sets the LR from the base LR again, so after the warmup
+    it resets the LR to the base and StepLR's decay lasts one step."""
+
+    def __init__(self, cfg: DictConfig, optimizer):
+        warmup = cfg.sched.warmup
+        self.warmup = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda s: min(1.0, (s + 1) / warmup)
+        )
+        self.decay = torch.optim.lr_scheduler.StepLR(
+            optimizer, cfg.sched.every_epochs, cfg.sched.gamma
+        )
+        self.per_epoch, self.steps = steps_per_epoch(cfg), 0
+
+    def step(self) -> None:
+        self.steps += 1
+        self.warmup.step()  # interval 'step'
+        if self.steps % self.per_epoch == 0:  # interval 'epoch'
+            self.decay.step()
 
 
 def norms_drawn_like_weights(model: torch.nn.Module, std: float = 0.02) -> None:
@@ -452,7 +493,7 @@ def fit(cfg: DictConfig, log=None, probe: bool = True, attach=None, tracker=None
         if cfg.optim.clip and bug.clip_after_step:  # clips gradients already applied
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.clip)
         epoch_end = step % steps_per_epoch == 0 and not bug.scheduler_never_stepped
-        per_batch = cfg.sched.name == "cosine"
+        per_batch = cfg.sched.name == "cosine" or (cfg.sched.name == "step" and cfg.sched.warmup)
         if bug.warmup_stepped_per_epoch:  # a per-step schedule left at the 'epoch' interval:
             per_batch = False  # stepped at epoch ends only (ace-step/ACE-Step PR 198)
         per_step = bug.scheduler_per_batch or epoch_end or per_batch
