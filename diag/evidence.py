@@ -20,6 +20,9 @@ OUTCOME_TAG = "hyprun.outcome"
 """Tag naming how the job ended: completed | diverged | interrupted."""
 NAN_MODULE_TAG = "hyprun.nan_module"
 """Tag naming the first module whose output went non-finite (e.g. `blocks.1.mlp.fc`)."""
+NAN_UPDATES_TAG = "hyprun.nan_after_updates"
+"""Tag counting the optimizer updates this run applied before its first non-finite loss: 0 is
+a forward that is non-finite on the weights the run started from, which no LR can have caused."""
 
 DEVICE_TAG = "hyprun.device"
 """Tag naming the device type the job ran on: cpu | cuda."""

@@ -16,7 +16,14 @@ from typing import Any
 import numpy as np
 
 from hyprun.diag import series as S
-from hyprun.diag.evidence import DEVICE_TAG, NAN_MODULE_TAG, OUTCOME_TAG, Evidence, Points
+from hyprun.diag.evidence import (
+    DEVICE_TAG,
+    NAN_MODULE_TAG,
+    NAN_UPDATES_TAG,
+    OUTCOME_TAG,
+    Evidence,
+    Points,
+)
 from hyprun.diag.spikes import find_spikes
 
 
@@ -173,6 +180,13 @@ def _divergence(ev: Evidence, out: Features) -> None:
             float(diverged),
             f"outcome tag {outcome or 'absent'}, {loss_bad} non-finite loss values",
         )
+    # Absent (a run that stayed finite, or one recorded before the tag): not known to be the
+    # first step, so the explosion rows keep reading it as before.
+    updates = ev.tags.get(NAN_UPDATES_TAG)
+    out["nan_at_first_step"] = Feature(
+        float(updates == "0"),
+        f"optimizer updates before the first non-finite loss: {updates or 'not recorded'}",
+    )
     module = ev.tags.get(NAN_MODULE_TAG) or None
     out["nan_module"] = Feature(
         module,

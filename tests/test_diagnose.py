@@ -31,9 +31,9 @@ FAULTS = {
     "tiny init": (["model.init_std=1e-6"], {"init_too_small"}),
     "label noise": (["data.source.label_noise=0.6"], {"noisy_labels"}),
     "exploded, then NaN": (["optim=sgd", "optim.lr=1.0", "ds.grad_clip=0"], {"exploded_then_nan"}),
-    "nan in one module": (
+    "nan in the initial weights": (
         ["model._target_=tests.faults.GPTWithNaN", "+model.nan_parameter=blocks.0.attn.qkv.weight"],
-        {"nan_in_module"},
+        {"nan_before_first_update"},
     ),
     "input-bound loader": (["data.source.loader_delay_ms=100"], {"input_bound"}),
     "duplicated data": (["data.source.duplicate_frac=0.5"], {"duplicates"}),
@@ -77,7 +77,7 @@ def test_planted_fault_ranks_first(workdir, overrides, expected):
 
 
 def test_nan_finding_names_the_module(workdir):
-    document = diagnosed(workdir, *FAULTS["nan in one module"][0])
+    document = diagnosed(workdir, *FAULTS["nan in the initial weights"][0])
     assert "blocks.0.attn.qkv" in json.dumps(document["findings"][0])
 
 

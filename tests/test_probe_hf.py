@@ -326,6 +326,7 @@ def test_trainer_callback_names_the_module_of_a_planted_nan(workdir, monkeypatch
     assert probe.diverged and probe.nan_module == "transformer.h.1.mlp.c_fc"
     run = MlflowClient(tracking_uri=uri).get_run(probe.run_id)
     assert run.data.tags["hyprun.nan_module"] == "transformer.h.1.mlp.c_fc"
+    assert run.data.tags["hyprun.nan_after_updates"] == "3"
     assert run.data.tags["hyprun.outcome"] == "diverged"
     assert run.info.status == "FAILED", "a run the probe made is ended by the probe"
     losses = metric_history(uri, probe.run_id, "train/loss")

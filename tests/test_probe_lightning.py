@@ -150,6 +150,7 @@ def test_lightning_callback_names_the_module_of_a_planted_nan(workdir, monkeypat
     assert probe.diverged and probe.nan_module == "layers.1.mlp.2"
     run = MlflowClient(tracking_uri=uri).get_run(probe.run_id)
     assert run.data.tags["hyprun.nan_module"] == "layers.1.mlp.2"
+    assert run.data.tags["hyprun.nan_after_updates"] == "3"  # a NaN after three updates
     assert run.info.status == "FAILED"
     losses = metric_history(uri, probe.run_id, "train/loss")
     assert math.isnan(losses[-1][1]) and all(math.isfinite(v) for _, v in losses[:-1])

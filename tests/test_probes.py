@@ -126,6 +126,7 @@ def test_nan_is_traced_to_the_module_that_made_it(workdir):
     tags = MlflowClient(tracking_uri=cfg.tracking.uri).get_run(result.run_id).data.tags
     assert tags["hyprun.outcome"] == "diverged"
     assert tags["hyprun.nan_module"] == "blocks.1.mlp.fc"
+    assert tags["hyprun.nan_after_updates"] == "0"  # NaN on the initial weights
     assert math.isnan(metric_history(cfg.tracking.uri, result.run_id, "train/loss")[-1][1])
 
 
@@ -146,6 +147,7 @@ def test_a_nan_mid_step_is_caught_at_its_step_before_it_reaches_the_weights(work
 
     tags = MlflowClient(tracking_uri=cfg.tracking.uri).get_run(result.run_id).data.tags
     assert tags["hyprun.nan_module"] == "blocks.0.attn.proj"
+    assert tags["hyprun.nan_after_updates"] == "2"
     losses = metric_history(cfg.tracking.uri, result.run_id, "train/loss")
     tokens_per_step = 2 * 8 * cfg.model.seq_len
     assert losses[-1][0] == 3 * tokens_per_step and math.isnan(losses[-1][1])

@@ -775,6 +775,22 @@ def test_nan_without_an_explosion_stays_in_its_module(probes):
     assert "exploded_then_nan" not in [f.id for f in diag.findings]
 
 
+@pytest.mark.parametrize(
+    "updates, first", [("0", "nan_before_first_update"), ("7", "nan_in_module")]
+)
+def test_a_nan_before_any_update_offers_no_lr_or_clipping_card(updates, first):
+    """The probe counts the updates applied before the NaN: none, and the rows whose cards are
+    the LR and clipping stay silent (no update had been applied); seven, and they read it."""
+    ev = healthy()
+    explode_then_nan(ev, 5.0)
+    ev.series = {"train/loss": [(TOK, math.nan)]}  # a NaN at the first step: no history
+    ev.tags["hyprun.nan_after_updates"] = updates
+    diag, top_finding = top(ev)
+    cards = {card for finding in diag.findings for card in finding.cards}
+    assert top_finding.id == first
+    assert (cards == {"fp32"}) == (updates == "0"), cards
+
+
 def rebounding_loss(ev: Evidence) -> None:
     """The loss falls, then climbs back 8% above its best, as post-norm at LR 2e-2 did; the LR
     is in the L0 check's warn band and the weights ran away from init."""

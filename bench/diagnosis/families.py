@@ -143,7 +143,8 @@ def bf16_cancellation(m: float, shape: str, optimizer: str, context: dict) -> Pl
     """A one-pass LayerNorm on inputs shifted by m: NaN in bf16, fine in fp32."""
     plant = ["ds.precision=bf16", "model._target_=bench.diagnosis.faults.GPTWithOnePassNorm"]
     plant += [f"+model.norm_offset={m}"]
-    return Plant(plant, ["nan_in_module", "numerical_instability"], ["fp32"])
+    cause = ["nan_before_first_update", "nan_in_module", "numerical_instability"]
+    return Plant(plant, cause, ["fp32"])  # NaN at step 1: before the first update
 
 
 def attention_temperature(m: float, shape: str, optimizer: str, context: dict) -> Plant:

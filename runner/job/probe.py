@@ -45,7 +45,7 @@ from torch import nn
 
 from hyprun.diag import probes
 from hyprun.diag.efficiency import mfu, transformer_flops_per_token
-from hyprun.diag.evidence import NAN_MODULE_TAG, OUTCOME_TAG
+from hyprun.diag.evidence import NAN_MODULE_TAG, NAN_UPDATES_TAG, OUTCOME_TAG
 from hyprun.diag.features import LR_MAX, SCAN_BATCH_LOSS, SCAN_TAG, VOCAB_TAG
 from hyprun.diag.live_checks import LiveFacts, l0_tags, live_checks
 from hyprun.diag.spikes import SpikeDetector
@@ -695,10 +695,10 @@ class Probe:
                 self.nan_module = probes.first_nonfinite_module(
                     self.model, lambda: self.model(*args, **kwargs)
                 )
+        tags = {OUTCOME_TAG: "diverged", NAN_UPDATES_TAG: str(self.steps)}
         self.steps += 1
         self.tokens += self.tokens_per_step or self._step_tokens * self.world
         self._log({"train/loss": float("nan")})
-        tags = {OUTCOME_TAG: "diverged"}
         if self.nan_module:
             tags[NAN_MODULE_TAG] = self.nan_module
         if tracker := self._open():

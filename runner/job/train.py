@@ -27,6 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.progress import Progress, TextColumn
 
+from hyprun.diag.evidence import NAN_MODULE_TAG, NAN_UPDATES_TAG
 from hyprun.runner import provenance
 from hyprun.runner.compose import compose, one_line
 from hyprun.runner.errors import BadInput
@@ -179,8 +180,10 @@ def _run(cfg: DictConfig, on_eval, chosen: threads.Choice) -> JobResult:
             "hyprun.tokens": step * plan.tokens_per_step,
             "hyprun.steps": step,
         }
+        if status == "diverged":
+            tags[NAN_UPDATES_TAG] = str(step - 1)  # the step that went NaN applied no update
         if loop.nan_module:
-            tags["hyprun.nan_module"] = loop.nan_module
+            tags[NAN_MODULE_TAG] = loop.nan_module
         tracker.set_tags(tags)
         ended = {"completed": "FINISHED", "stopped": "FINISHED", "diverged": "FAILED"}
         tracker.finish(ended.get(status, "KILLED"))
