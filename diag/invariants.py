@@ -268,6 +268,24 @@ def blocks_shared(names: Sequence[str]) -> list[Violation]:
     ]
 
 
+def freeze_on_module_ignored(modules: Mapping[str, int]) -> list[Violation]:
+    """Modules given `requires_grad = False` as a plain attribute whose parameters still train:
+    torch reads requires_grad on each parameter (module.requires_grad_(False) sets them), never
+    on a module, so the freeze did nothing and the part meant to stay fixed trains (the
+    PyTorch-forum classic; transformers' unispeech_sat layer_norm_for_extract). Exact: a healthy
+    model carries no such attribute, or carries it with its parameters frozen. Hook: the model's
+    modules and parameters, once, at the first step. `modules`: {name: its parameters still
+    requiring grad}."""
+    return [
+        Violation(
+            "a_freeze_reaches_the_parameters",
+            name,
+            f"requires_grad=False set on the module, {count} of its parameters still train",
+        )
+        for name, count in modules.items()
+    ]
+
+
 def never_stepped(backwards: int) -> list[Violation]:
     """A run that ran backwards and never an optimizer step: step() is never called (left out
     of the loop, or called on another optimizer than the parameters'), so nothing trains.

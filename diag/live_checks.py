@@ -201,6 +201,9 @@ class LiveFacts:
     shared_blocks: list[str] | None = None
     """Blocks of the residual stack sharing a parameter with an earlier block
     (invariants.blocks_shared); None: no stack found."""
+    freeze_ignored: dict[str, int] | None = None
+    """Modules carrying requires_grad=False as a plain attribute, with how many of their
+    parameters still require grad (invariants.freeze_on_module_ignored); None: not read."""
     unstepped_backwards: int | None = None
     """Backwards of a run whose optimizer never stepped (invariants.never_stepped); None: it
     stepped, or was not read."""
@@ -413,6 +416,9 @@ def invariant_checks(facts: LiveFacts, rules: dict) -> list[Check]:
             f"positions < {invariants.MASKED_TOKEN_MIN}",
         ),
         _judged(rules["layer_weights_shared"], facts.shared_blocks, invariants.blocks_shared),
+        _judged(
+            rules["freeze_set_on_module"], facts.freeze_ignored, invariants.freeze_on_module_ignored
+        ),
         _judged(
             rules["optimizer_step_missing"], facts.unstepped_backwards, invariants.never_stepped
         ),

@@ -292,6 +292,7 @@ class Checks(Strict):
     steps_without_backward: Invariant
     padding_idx_on_real_token: Invariant
     layer_weights_shared: Invariant
+    freeze_set_on_module: Invariant
     dropout_scale_wrong: Invariant
     adam_eps: LiveSetting
     adam_coupled_decay: CoupledDecay

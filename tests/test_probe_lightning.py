@@ -197,6 +197,8 @@ def test_lightnings_accumulation_keeps_the_losss_scale(workdir, monkeypatch, acc
     assert checks["functional_dropout_in_eval"]["status"] == "pass"
     assert checks["causal_mask_missing"]["status"] == "pass"
     # the invariants of what trains hold on Lightning's own loop: no module run without a
-    # gradient, no weight written outside its step, a backward before each step
-    for check in ("sublayer_output_discarded", "weights_overwritten", "steps_without_backward"):
+    # gradient, no weight written outside its step, a backward before each step, no freeze
+    # written on a module
+    held = ("sublayer_output_discarded", "weights_overwritten", "steps_without_backward")
+    for check in (*held, "freeze_set_on_module"):
         assert checks[check]["status"] == "pass", checks[check]

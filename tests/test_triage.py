@@ -1151,6 +1151,7 @@ NO_CARD_ROWS = {"noisy_labels", "noisy_labels_flat"} | {  # broken invariants: a
     "steps_without_backward",
     "padding_idx_on_real_token",
     "layer_weights_shared",
+    "freeze_set_on_module",
     "eval_loss_wrong_normaliser",
     "loss_summed_not_averaged",
     "lr_not_as_declared",

@@ -57,6 +57,7 @@ PROBE_CHECKS = (
     "steps_without_backward",
     "padding_idx_on_real_token",
     "layer_weights_shared",
+    "freeze_set_on_module",
     "loss_summed",
     "dropout_scale_wrong",
     "heldout_overlap",

@@ -595,6 +595,7 @@ class Probe:
         read_optimizer(self.facts, self.optimizer, self.named)
         read_model(self.facts, self.model)
         self.facts.shared_blocks = shared_blocks(self.blocks_path, self.blocks)
+        self.facts.freeze_ignored = freeze_ignored(self.model)
         self.facts.grad_clip = self._grad_clip
         self.facts.tokens_per_step = self.tokens_per_step or self._step_tokens * self.world
         if any(_uses_deepspeed(p) for _, p in self.named):
@@ -1079,6 +1080,19 @@ def shared_blocks(path: str | None, blocks: nn.ModuleList | None) -> list[str] |
             shared.append(f"{path}.{index}")
         seen |= own
     return shared
+
+
+def freeze_ignored(model: nn.Module) -> dict[str, int]:
+    """{module: its parameters still requiring grad} for modules given requires_grad=False as
+    a plain attribute (nn.Module defines no such attribute: only an assignment puts it in the
+    instance's __dict__)."""
+    found = {}
+    for name, module in model.named_modules():
+        if vars(module).get("requires_grad") is False:
+            training = sum(p.requires_grad for p in module.parameters())
+            if training:
+                found[name or "the model"] = training
+    return found
 
 
 def dropout_max(model: nn.Module) -> tuple[float, list[str]] | None:
