@@ -286,6 +286,25 @@ def freeze_on_module_ignored(modules: Mapping[str, int]) -> list[Violation]:
     ]
 
 
+def modules_unregistered(modules: Mapping[str, int]) -> list[Violation]:
+    """Modules the training forward ran that the model does not hold (kept in a plain Python
+    list or dict instead of nn.ModuleList / nn.ModuleDict, or built inside forward): their
+    parameters are missing from model.parameters(), so the optimizer never gets them and they
+    stay at their initial values (and .to(), state_dict() and DDP miss them too). Exact: every
+    module a healthy forward runs with trainable weights is the model's, or is trained by an
+    optimizer of its own (then its weights move and it is not counted). Hook: a global forward
+    pre-hook until the first backward; the optimizer's groups and a sample of those weights at
+    the second step. `modules`: {module: its parameter tensors}."""
+    return [
+        Violation(
+            "the_forward_runs_the_models_modules",
+            name,
+            f"{count} parameter tensor(s) outside model.parameters(), never updated",
+        )
+        for name, count in modules.items()
+    ]
+
+
 def never_stepped(backwards: int) -> list[Violation]:
     """A run that ran backwards and never an optimizer step: step() is never called (left out
     of the loop, or called on another optimizer than the parameters'), so nothing trains.

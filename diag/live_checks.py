@@ -204,6 +204,10 @@ class LiveFacts:
     freeze_ignored: dict[str, int] | None = None
     """Modules carrying requires_grad=False as a plain attribute, with how many of their
     parameters still require grad (invariants.freeze_on_module_ignored); None: not read."""
+    unregistered: dict[str, int] | None = None
+    """Modules with trainable weights the training forward ran outside the model, that no
+    optimizer step moved, with their parameter tensors (invariants.modules_unregistered);
+    None: no optimizer read."""
     unstepped_backwards: int | None = None
     """Backwards of a run whose optimizer never stepped (invariants.never_stepped); None: it
     stepped, or was not read."""
@@ -418,6 +422,9 @@ def invariant_checks(facts: LiveFacts, rules: dict) -> list[Check]:
         _judged(rules["layer_weights_shared"], facts.shared_blocks, invariants.blocks_shared),
         _judged(
             rules["freeze_set_on_module"], facts.freeze_ignored, invariants.freeze_on_module_ignored
+        ),
+        _judged(
+            rules["modules_not_registered"], facts.unregistered, invariants.modules_unregistered
         ),
         _judged(
             rules["optimizer_step_missing"], facts.unstepped_backwards, invariants.never_stepped

@@ -293,6 +293,7 @@ class Checks(Strict):
     padding_idx_on_real_token: Invariant
     layer_weights_shared: Invariant
     freeze_set_on_module: Invariant
+    modules_not_registered: Invariant
     dropout_scale_wrong: Invariant
     adam_eps: LiveSetting
     adam_coupled_decay: CoupledDecay

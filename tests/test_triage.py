@@ -1152,6 +1152,7 @@ NO_CARD_ROWS = {"noisy_labels", "noisy_labels_flat"} | {  # broken invariants: a
     "padding_idx_on_real_token",
     "layer_weights_shared",
     "freeze_set_on_module",
+    "modules_not_registered",
     "eval_loss_wrong_normaliser",
     "loss_summed_not_averaged",
     "lr_not_as_declared",

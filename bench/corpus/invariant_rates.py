@@ -58,6 +58,7 @@ PROBE_CHECKS = (
     "padding_idx_on_real_token",
     "layer_weights_shared",
     "freeze_set_on_module",
+    "modules_not_registered",
     "loss_summed",
     "dropout_scale_wrong",
     "heldout_overlap",

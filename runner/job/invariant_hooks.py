@@ -357,6 +357,14 @@ class InvariantHooks:
             for name, module in model.named_modules()
             if name and any(p.requires_grad for p in module.parameters(recurse=False))
         ]
+        self.foreign: list[tuple[str, list[nn.Parameter], torch.Tensor]] = []
+        """Modules with trainable parameters of their own that the first training forward ran
+        and the model does not hold (held in a plain list or dict, or built in forward): a
+        name, their parameters, a copy of a sample of them."""
+        self._registered = {id(module) for module in model.modules()}
+        self._call_handles.append(
+            nn.modules.module.register_module_forward_pre_hook(self._foreign_call)
+        )
 
     def _called(self, name: str):
         def hook(module: nn.Module, args) -> None:
@@ -364,6 +372,33 @@ class InvariantHooks:
                 self.called.add(name)  # an evaluation before training (no grad, eval mode) not
 
         return hook
+
+    def _foreign_call(self, module: nn.Module, args) -> None:
+        """Every module's forward, until the first backward: keep those the model lacks."""
+        if id(module) in self._registered or in_own_forward() or not torch.is_grad_enabled():
+            return
+        self._registered.add(id(module))  # read once
+        own = [p for p in module.parameters(recurse=False) if p.requires_grad]
+        if own:
+            name = f"a {type(module).__name__} outside the model (#{len(self.foreign) + 1})"
+            sample = torch.cat([sampled(p).float() for p in own]).clone()
+            self.foreign.append((name, own, sample))
+
+    def foreign_untrained(self, optimizer) -> dict[str, int] | None:
+        """{module: its parameters} of the foreign modules the optimizer holds none of and whose
+        weights have not moved since the first forward: nothing trains them (a module another
+        optimizer steps, as a GAN's discriminator run in the generator's loss, moves). None:
+        no optimizer to read."""
+        groups = getattr(optimizer, "param_groups", None)
+        if groups is None:
+            return None
+        held = {id(p) for group in groups for p in group["params"]}
+        return {
+            name: len(own)
+            for name, own, before in self.foreign
+            if not any(id(p) in held for p in own)
+            and torch.equal(torch.cat([sampled(p).float() for p in own]), before)
+        }
 
     def called_modules(self) -> set[str]:
         """After the first backward: the modules the training forward ran (the read ends)."""

@@ -619,6 +619,7 @@ class Probe:
         if self.facts is None or not self.facts.optimizer:
             return  # no optimizer the probe can read: no L0 check
         read_invariants(self.facts, self.invariants, self.total_steps, self.epoch_steps)
+        self.facts.unregistered = self.invariants.foreign_untrained(self.optimizer)
         checks = [asdict(c) for c in live_checks(self.facts)]
         if tracker := self._open():
             tracker.set_tags(l0_tags(checks))
