@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import math
 import random
+from functools import partial
 
 import hydra
 import mlflow
@@ -97,6 +98,11 @@ def build(cfg: DictConfig) -> tuple:
         for name, parameter in model.named_parameters():
             parameter.requires_grad = "norm" in name or "ln_" in name
     new_head = torch.nn.Linear(m.d_model, cfg.data.vocab)  # a fresh head, as in fine-tuning
+    if m.init_std and not bug.init_fn_never_applied:  # the model's own init, applied to every
+        for module in (model, new_head):  # module (model.apply(init_weights))
+            module.apply(partial(init_weights, std=m.init_std))
+    # bug.init_fn_never_applied: init_weights defined, its call never made, so every module keeps
+    # PyTorch's default init (uber-research/DeepPruner#6, Learning-to-See-in-the-Dark#17)
     if bug.init_std_one:  # initializer_range 1.0 where 0.02 was meant (young-geng/EasyLM#114)
         for module in (model, new_head):
             weights_drawn_like(module, std=1.0)
@@ -123,10 +129,12 @@ def build(cfg: DictConfig) -> tuple:
 
 
 def make_schedule(cfg: DictConfig, optimizer):
-    """The LR schedule: StepLR per epoch, a per-step cosine, or ReduceLROnPlateau on the eval
-    loss (stepped at each evaluation)."""
+    """The LR schedule: StepLR per epoch, a per-step cosine, BERT's per-step warmup_linear, or
+    ReduceLROnPlateau on the eval loss (stepped at each evaluation)."""
     if cfg.sched.name == "cosine":
         return cosine_schedule(cfg, optimizer)
+    if cfg.sched.name == "linear":
+        return warmup_linear_schedule(cfg, optimizer)
     if cfg.sched.name == "plateau":  # mode='max' on a loss (FunctionLab/selene#115): every
         mode = "max" if cfg.bug.plateau_mode_max else "min"  # falling loss reads as no gain
         return torch.optim.lr_scheduler.ReduceLROnPlateau(
@@ -141,6 +149,25 @@ def make_schedule(cfg: DictConfig, optimizer):
             optimizer, lambda s: min(1.0, (s + 1) / warmup) * cfg.sched.gamma ** (s // every)
         )
     return torch.optim.lr_scheduler.StepLR(optimizer, cfg.sched.every_epochs, cfg.sched.gamma)
+
+
+def warmup_linear_schedule(cfg: DictConfig, optimizer) -> torch.optim.lr_scheduler.LambdaLR:
+    """BERT's warmup_linear (pytorch-pretrained-bert's BertAdam schedule), stepped once per
+    optimizer step: with progress x = step / t_total and the warmup a share p of t_total
+    (sched.warmup / train.steps), the LR factor is x / p during the warmup, then 1 - x. The
+    clean t_total is the run's steps, so the LR reaches 0 at the last step.
+    bug.warmup_linear_past_t_total: t_total counted as one epoch's optimizer steps (128 here,
+    where the run takes 240, 1.875 epochs), and 1 - x is not floored at 0, so past t_total the
+    factor is negative (huggingface/transformers#132, #324)."""
+    t_total, share = cfg.train.steps, cfg.sched.warmup / cfg.train.steps
+    if cfg.bug.warmup_linear_past_t_total:  # num_train_optimization_steps short of the steps run
+        t_total = steps_per_epoch(cfg)
+
+    def warmup_linear(step: int) -> float:
+        x = (step + 1) / t_total  # BertAdam counts its steps from 1
+        return x / share if x < share else 1.0 - x
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_linear)
 
 
 def steps_per_epoch(cfg: DictConfig) -> int:
@@ -178,6 +205,19 @@ def norms_drawn_like_weights(model: torch.nn.Module, std: float = 0.02) -> None:
         if isinstance(module, torch.nn.LayerNorm):
             module.weight.data.normal_(mean=0.0, std=std)
             module.bias.data.normal_(mean=0.0, std=std)
+
+
+def init_weights(module: torch.nn.Module, std: float) -> None:
+    """A GPT-style init (model.init_std), as model.apply calls it on each module: linear and
+    embedding weights (the attention's in-projection too) from N(0, std), biases zero, the norms
+    left at ones and zeros."""
+    if isinstance(module, (torch.nn.Linear, torch.nn.Embedding)):
+        module.weight.data.normal_(mean=0.0, std=std)
+        if getattr(module, "bias", None) is not None:
+            module.bias.data.zero_()
+    elif isinstance(module, torch.nn.MultiheadAttention):
+        module.in_proj_weight.data.normal_(mean=0.0, std=std)
+        module.in_proj_bias.data.zero_()
 
 
 def weights_drawn_like(module: torch.nn.Module, std: float) -> None:
@@ -493,7 +533,9 @@ def fit(cfg: DictConfig, log=None, probe: bool = True, attach=None, tracker=None
         if cfg.optim.clip and bug.clip_after_step:  # clips gradients already applied
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.clip)
         epoch_end = step % steps_per_epoch == 0 and not bug.scheduler_never_stepped
-        per_batch = cfg.sched.name == "cosine" or (cfg.sched.name == "step" and cfg.sched.warmup)
+        per_batch = cfg.sched.name in ("cosine", "linear") or (
+            cfg.sched.name == "step" and cfg.sched.warmup
+        )
         if bug.warmup_stepped_per_epoch:  # a per-step schedule left at the 'epoch' interval:
             per_batch = False  # stepped at epoch ends only (ace-step/ACE-Step PR 198)
         per_step = bug.scheduler_per_batch or epoch_end or per_batch
@@ -506,8 +548,10 @@ def fit(cfg: DictConfig, log=None, probe: bool = True, attach=None, tracker=None
                 model.load_state_dict(ema.model.state_dict())  # and no restore: training goes
                 # on from the EMA weights (harubaru/waifu-diffusion PR 31, Open-Sora-Plan#186)
             smoothing = t.label_smoothing if bug.eval_loss_label_smoothed else 0.0
+            shadow = ema is not None and not bug.ema_not_evaluated  # evaluate(model, ...) while
+            # the EMA is kept and updated (pengzhiliang/MAE-pytorch#31, shortcut_pytorch#4)
             last = eval_loss(
-                ema.model if ema is not None else model,
+                ema.model if shadow else model,
                 heldout,
                 bug.loss_mean_over_padding,
                 smoothing,  # the training criterion reused (pytorch/pytorch#129050)
@@ -520,7 +564,7 @@ def fit(cfg: DictConfig, log=None, probe: bool = True, attach=None, tracker=None
                 else:
                     better = last < best_loss
                 if best_state is None or better:
-                    evaluated = ema.model if ema is not None else model
+                    evaluated = ema.model if shadow else model
                     best_loss, best_state = last, copy.deepcopy(evaluated.state_dict())
             if cfg.sched.name == "plateau":
                 schedule.step(last)
@@ -531,7 +575,7 @@ def fit(cfg: DictConfig, log=None, probe: bool = True, attach=None, tracker=None
         if t.resume_after and step == round(t.resume_after * t.steps):  # a checkpoint written,
             resume(cfg, model)  # the run resumed from it
     if best_state is not None:  # load_best_model_at_end, then evaluate
-        evaluated = ema.model if ema is not None else model
+        evaluated = ema.model if ema is not None and not bug.ema_not_evaluated else model
         evaluated.load_state_dict(best_state)
         evaluated.eval()
         last = eval_loss(
