@@ -513,6 +513,16 @@ def _lr_as_declared(ev: Evidence, out: Features) -> None:
     out["lr_rose"] = Feature(float(rose), "the LR rose after its first reading (a warmup)")
 
 
+def _lr_sign(ev: Evidence, out: Features) -> None:
+    """The lowest LR the optimizer applied (param group 0): below zero, each step climbs the
+    loss; no schedule that trains goes there."""
+    lrs = _finite(ev.points("train/lr"))
+    if not lrs:
+        return
+    at, lowest = min(lrs, key=lambda point: point[1])
+    out["lr_min"] = Feature(lowest, f"the lowest applied LR {lowest:.3g} (at step {at})")
+
+
 def _step_cadence(ev: Evidence, out: Features) -> None:
     """The most training forwards one of the first optimizer steps took, over the micro-batches
     per step the run declares: 1 when the optimizer steps as the config says."""
@@ -719,6 +729,7 @@ NEEDS = {
     "perf/step_time_s": "step_time_s",
     "perf/peak_mem_gb": "peak_mem_gb",
     "train/lr or config optim.lr": "lr",
+    "train/lr": "lr_min",
     "train/lr (or train/lr_max) and the declared LR (config optim.lr or the app's knob for it)": (
         "lr_over_declared lr_rose"
     ),
@@ -831,6 +842,7 @@ def features(evidence: Evidence) -> Features:
         _efficiency,
         _obvious,
         _lr_as_declared,
+        _lr_sign,
         _config,
         _static,
         _decay_pull,

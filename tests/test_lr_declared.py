@@ -5,7 +5,8 @@ Through the probe of a real loop whose LambdaLR lambda returns the LR where a fa
 (lhoyer/MIC#60: the applied LR is the declared one squared), and whose optimizer was built
 without the config's LR (torch's default instead); its healthy forms, a constant LR and a
 warmup that ends and a layer-wise decay whose first group trains at a share of it, are quiet.
-The declared LR is read in the app's own key through its knobs."""
+The declared LR is read in the app's own key through its knobs. And an LR below zero
+(lr_schedule_negative): a linear decay past its horizon, not floored at 0 (transformers#132)."""
 
 from __future__ import annotations
 
@@ -39,6 +40,9 @@ def recorded_run(uri: str, bug: str) -> str:
     factors = {
         "lambda_returns_lr": lambda step: DECLARED,  # MIC#60: an LR, not a factor
         "warmup": lambda step: min(1.0, (step + 1) / 4),
+        # transformers#132: warmup_linear's 1 - step / t_total past a t_total of 6 of 12 steps
+        "past_horizon": lambda step: 1.0 - step / 6,
+        "floored": lambda step: max(0.0, 1.0 - step / 6),
     }
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, factors.get(bug, lambda step: 1.0))
     probe = Probe(model, optimizer, step_unit="steps", every_steps=0)
@@ -82,3 +86,11 @@ def test_an_app_declares_its_lr_in_its_own_key_through_its_knobs(uri):
     )
     # the app's key unset: the knob's default (the Trainer's 5e-5) is what it declares
     assert "lr_not_as_declared" in findings(uri, "", {"training": {}}, tags)
+
+
+@pytest.mark.parametrize("bug, fires", [("past_horizon", True), ("floored", False), ("", False)])
+def test_an_lr_below_zero_is_a_finding_and_a_decay_floored_at_zero_is_not(uri, bug, fires):
+    found = findings(uri, bug, {"optim": {"lr": DECLARED}})
+    assert ("lr_schedule_negative" in found) == fires, found
+    if fires:
+        assert found[0] == "lr_schedule_negative"
