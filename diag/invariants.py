@@ -305,6 +305,23 @@ def modules_unregistered(modules: Mapping[str, int]) -> list[Violation]:
     ]
 
 
+def head_untied(models: Sequence[str]) -> list[Violation]:
+    """Models whose config declares the output head tied to the token embedding
+    (tie_word_embeddings) while the two hold separate weights: the tie was broken (a resize, a
+    load or a wrapper that copies one of them, a head replaced after init), so the head trains
+    apart from the embedding, or keeps a random init where a checkpoint stored the shared tensor
+    once. Exact: a tie in effect is one tensor. Hook: the model's modules, once, at the first
+    step."""
+    return [
+        Violation(
+            "the_declared_tie_holds",
+            name,
+            "tie_word_embeddings is set but the output head holds weights of its own",
+        )
+        for name in models
+    ]
+
+
 def never_stepped(backwards: int) -> list[Violation]:
     """A run that ran backwards and never an optimizer step: step() is never called (left out
     of the loop, or called on another optimizer than the parameters'), so nothing trains.

@@ -208,6 +208,9 @@ class LiveFacts:
     """Modules with trainable weights the training forward ran outside the model, that no
     optimizer step moved, with their parameter tensors (invariants.modules_unregistered);
     None: no optimizer read."""
+    untied_heads: list[str] | None = None
+    """Models declaring tie_word_embeddings whose output head is not the token embedding's
+    tensor (invariants.head_untied); None: no model declares a tie."""
     unstepped_backwards: int | None = None
     """Backwards of a run whose optimizer never stepped (invariants.never_stepped); None: it
     stepped, or was not read."""
@@ -426,6 +429,7 @@ def invariant_checks(facts: LiveFacts, rules: dict) -> list[Check]:
         _judged(
             rules["modules_not_registered"], facts.unregistered, invariants.modules_unregistered
         ),
+        _judged(rules["tied_head_untied"], facts.untied_heads, invariants.head_untied),
         _judged(
             rules["optimizer_step_missing"], facts.unstepped_backwards, invariants.never_stepped
         ),

@@ -294,6 +294,7 @@ class Checks(Strict):
     layer_weights_shared: Invariant
     freeze_set_on_module: Invariant
     modules_not_registered: Invariant
+    tied_head_untied: Invariant
     dropout_scale_wrong: Invariant
     adam_eps: LiveSetting
     adam_coupled_decay: CoupledDecay

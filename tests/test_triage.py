@@ -1154,6 +1154,7 @@ NO_CARD_ROWS = {"noisy_labels", "noisy_labels_flat"} | {  # broken invariants: a
     "freeze_set_on_module",
     "modules_not_registered",
     "lr_schedule_negative",
+    "tied_head_untied",
     "eval_loss_wrong_normaliser",
     "loss_summed_not_averaged",
     "lr_not_as_declared",

@@ -59,6 +59,7 @@ PROBE_CHECKS = (
     "layer_weights_shared",
     "freeze_set_on_module",
     "modules_not_registered",
+    "tied_head_untied",
     "loss_summed",
     "dropout_scale_wrong",
     "heldout_overlap",

@@ -596,6 +596,7 @@ class Probe:
         read_model(self.facts, self.model)
         self.facts.shared_blocks = shared_blocks(self.blocks_path, self.blocks)
         self.facts.freeze_ignored = freeze_ignored(self.model)
+        self.facts.untied_heads = untied_heads(self.model)
         self.facts.grad_clip = self._grad_clip
         self.facts.tokens_per_step = self.tokens_per_step or self._step_tokens * self.world
         if any(_uses_deepspeed(p) for _, p in self.named):
@@ -1094,6 +1095,25 @@ def freeze_ignored(model: nn.Module) -> dict[str, int]:
             if training:
                 found[name or "the model"] = training
     return found
+
+
+def untied_heads(model: nn.Module) -> list[str] | None:
+    """Hugging Face models in `model` whose config declares tie_word_embeddings while the
+    output head's weight is not the token embedding's tensor; None: none declares a tie."""
+    declared = None
+    for name, module in model.named_modules():
+        if not getattr(getattr(module, "config", None), "tie_word_embeddings", False):
+            continue
+        try:
+            head, embedding = module.get_output_embeddings(), module.get_input_embeddings()
+        except (AttributeError, NotImplementedError):
+            continue
+        if head is None or embedding is None:
+            continue
+        declared = declared or []
+        if head.weight.data_ptr() != embedding.weight.data_ptr():
+            declared.append(name or "the model")
+    return declared
 
 
 def dropout_max(model: nn.Module) -> tuple[float, list[str]] | None:
