@@ -513,6 +513,25 @@ def _lr_as_declared(ev: Evidence, out: Features) -> None:
     out["lr_rose"] = Feature(float(rose), "the LR rose after its first reading (a warmup)")
 
 
+def _settings_as_declared(ev: Evidence, out: Features) -> None:
+    """The weight decay and warmup the config declares (in the app's key, through its knobs),
+    beside what the optimizer applied as the L0 checks read it live: a declared setting that
+    never reached the optimizer is a card that cannot act."""
+    checks = {check.get("id"): check for check in ev.static}
+    wanted = _num(declared(ev, "optim.weight_decay"))
+    applied = _num(checks.get("weight_decay", {}).get("value"))
+    if wanted and wanted > 0 and applied is not None:
+        ratio = applied / wanted
+        out["wd_applied_over_declared"] = Feature(
+            ratio,
+            f"the optimizer applies weight decay {applied:.3g} (its highest group's), "
+            f"{ratio:.3g}x the declared {wanted:.3g}",
+        )
+    warmup = _num(declared(ev, "sched.warmup_frac"))
+    if warmup is not None:
+        out["warmup_declared"] = Feature(warmup, f"the config declares a warmup of {warmup:g}")
+
+
 def _lr_sign(ev: Evidence, out: Features) -> None:
     """The lowest LR the optimizer applied (param group 0): below zero, each step climbs the
     loss; no schedule that trains goes there."""
@@ -730,6 +749,10 @@ NEEDS = {
     "perf/peak_mem_gb": "peak_mem_gb",
     "train/lr or config optim.lr": "lr",
     "train/lr": "lr_min",
+    "the L0 weight_decay check and the declared one (optim.weight_decay or the app's knob)": (
+        "wd_applied_over_declared"
+    ),
+    "the declared warmup (sched.warmup_frac or the app's knob)": "warmup_declared",
     "train/lr (or train/lr_max) and the declared LR (config optim.lr or the app's knob for it)": (
         "lr_over_declared lr_rose"
     ),
@@ -843,6 +866,7 @@ def features(evidence: Evidence) -> Features:
         _obvious,
         _lr_as_declared,
         _lr_sign,
+        _settings_as_declared,
         _config,
         _static,
         _decay_pull,

@@ -94,3 +94,50 @@ def test_an_lr_below_zero_is_a_finding_and_a_decay_floored_at_zero_is_not(uri, b
     assert ("lr_schedule_negative" in found) == fires, found
     if fires:
         assert found[0] == "lr_schedule_negative"
+
+
+def settings_findings(uri: str, decay: float, warmup: bool, declared: dict) -> list[str]:
+    """Findings of a probed Adam loop (weight decay `decay`, a LambdaLR warmup or none) whose
+    app declares `declared` in its own keys through the HF preset's knobs."""
+    torch.manual_seed(0)
+    model = nn.Linear(8, 1)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=DECLARED, weight_decay=decay)
+    factor = (lambda step: min(1.0, (step + 1) / 4)) if warmup else (lambda step: 1.0)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+    probe = Probe(model, optimizer, step_unit="steps", every_steps=0)
+    for step in range(12):
+        x = torch.randn(16, 8, generator=torch.Generator().manual_seed(step))
+        loss = F.mse_loss(model(x), x.sum(1, keepdim=True))
+        loss.backward()
+        probe.after_backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+        schedule.step()
+    probe.close()
+    evidence, _ = read_evidence(uri, probe.run_id)
+    knobs = {
+        "optim.lr": {"key": "training.learning_rate"},
+        "optim.weight_decay": {"key": "training.weight_decay", "default": 0.0},
+        "sched.warmup_frac": {"key": "training.warmup_steps", "default": 0},
+    }
+    config = {"training": {"learning_rate": DECLARED, **declared}}
+    tags = {**evidence.tags, "hyprun.knobs": json.dumps(knobs)}
+    evidence = dataclasses.replace(evidence, config=config, tags=tags)
+    return [f.id for f in triage(evidence).findings]
+
+
+@pytest.mark.parametrize(
+    "decay, warmup, declared, fired",
+    [
+        (0.0, True, {"weight_decay": 0.1, "warmup_steps": 4}, {"weight_decay_not_as_declared"}),
+        (0.1, False, {"weight_decay": 0.1, "warmup_steps": 4}, {"warmup_not_as_declared"}),
+        (0.1, True, {"weight_decay": 0.1, "warmup_steps": 4}, set()),
+        (0.01, False, {}, set()),  # nothing declared: AdamW's own default decay, no warmup
+    ],
+)
+def test_a_declared_decay_or_warmup_the_optimizer_never_got_is_a_finding(
+    uri, decay, warmup, declared, fired
+):
+    found = set(settings_findings(uri, decay, warmup, declared))
+    rows = {"weight_decay_not_as_declared", "warmup_not_as_declared"}
+    assert found & rows == fired, found

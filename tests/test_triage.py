@@ -908,6 +908,9 @@ def test_every_table_feature_exists():
     ev.series["perf/comm_frac"] = ev.series.get("perf/comm_frac", [])
     ev.static.append({"id": "step_forwards", "status": "pass", "value": 1})  # an app's probe
     ev.tags["hyprun.accumulation"] = "1"  # and its launcher
+    ev.static.append({"id": "weight_decay", "status": "pass", "value": 0.1})  # the live read
+    ev.config.setdefault("optim", {})["weight_decay"] = 0.1  # what the config declares
+    ev.config.setdefault("sched", {})["warmup_frac"] = 0.05
     names = set(features(ev)) | {"loss_last", "peak_mem_gb"}
     for row in load_tables():
         for cond in row.when:
@@ -1154,6 +1157,8 @@ NO_CARD_ROWS = {"noisy_labels", "noisy_labels_flat"} | {  # broken invariants: a
     "freeze_set_on_module",
     "modules_not_registered",
     "lr_schedule_negative",
+    "weight_decay_not_as_declared",
+    "warmup_not_as_declared",
     "tied_head_untied",
     "eval_loss_wrong_normaliser",
     "loss_summed_not_averaged",
