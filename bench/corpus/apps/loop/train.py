@@ -26,6 +26,12 @@ RESTART_GAMMA = 0.9
 """The cosine schedule's peak decay per restart (the report's gamma)."""
 LOADER_WORKERS = 4
 """Loader workers of an iterable dataset (bug.workers_duplicate_data: each yields every batch)."""
+LR_FIND_START, LR_FIND_END = 1e-7, 10.0
+"""The LR range test's sweep (train.lr_find): the optimizer built at 1e-7, as the report built it,
+to pytorch-lr-finder's default end_lr, exponentially over the test's iterations."""
+LR_FIND_SMOOTH, LR_FIND_DIVERGE = 0.05, 5.0
+"""pytorch-lr-finder's smooth_f and diverge_th: the test stops once its smoothed loss exceeds
+5 times the best one."""
 OVERFLOW_AT = 256
 """The range of the dtype the ids were binarized in (bug.token_ids_overflow): uint8's 256, as
 np.uint16's 65536 was for a 119547-token vocabulary."""
@@ -411,12 +417,13 @@ class ExponentialMovingAverage:
                 shadow.sub_(gap * (1 - self.decay))
 
 
-def resume(cfg: DictConfig, model: torch.nn.Module) -> None:
+def resume(cfg: DictConfig, model: torch.nn.Module) -> dict:
     """A checkpoint of the weights written and the run resumed from it (train.resume_after): the
     model re-initialised as a new process builds it, then the saved state dict loaded into it.
     The optimizer's and schedule's states carry on (loaded correctly), and so does the RNG.
     bug.checkpoint_prefix_mismatch: the state dict was saved from a DataParallel/DDP wrapper
-    (every key prefixed `module.`) and loaded with strict=False, which loads nothing."""
+    (every key prefixed `module.`) and loaded with strict=False, which loads nothing.
+    Returns the new process's initial weights (before the checkpoint is loaded)."""
     saved = copy.deepcopy(model.state_dict())
     strict = True
     if cfg.bug.checkpoint_prefix_mismatch:  # saved from model.module's wrapper, loaded with
@@ -428,8 +435,47 @@ def resume(cfg: DictConfig, model: torch.nn.Module) -> None:
     rng = torch.get_rng_state()
     fresh = build(cfg)[0]
     torch.set_rng_state(rng)
-    model.load_state_dict(fresh.state_dict())  # the new process's initial weights
+    initial = copy.deepcopy(fresh.state_dict())  # the new process's initial weights
+    model.load_state_dict(initial)
     model.load_state_dict(saved, strict=strict)
+    return initial
+
+
+def lr_range_test(cfg: DictConfig, model: torch.nn.Module, data: dict, smoothing: float) -> None:
+    """An LR range test before training (train.lr_find iterations), as pytorch-lr-finder runs it:
+    an AdamW built at LR_FIND_START, the LR raised exponentially to LR_FIND_END over the
+    iterations, one training batch each, stopped once the smoothed loss passes LR_FIND_DIVERGE
+    times its best; then lr_finder.reset() restores the weights. The RNG is restored after it
+    either way, so the only trace it can leave is in the weights.
+    bug.lr_finder_weights_not_restored: no reset(), so training starts from the weights the sweep
+    left (davidtvs/pytorch-lr-finder#11, Lightning-AI/pytorch-lightning#6675)."""
+    iters, bug = cfg.train.lr_find, cfg.bug
+    saved, rng = copy.deepcopy(model.state_dict()), torch.get_rng_state()
+    finder = torch.optim.AdamW(
+        model.parameters(), lr=LR_FIND_START, weight_decay=cfg.optim.weight_decay
+    )
+    stream = micro_batches(cfg, data)  # its own pass over the training loader
+    model.train()
+    best = smoothed = None
+    for i in range(iters):
+        for group in finder.param_groups:
+            group["lr"] = LR_FIND_START * (LR_FIND_END / LR_FIND_START) ** (i / max(iters - 1, 1))
+        x, y = next(stream)
+        finder.zero_grad()
+        loss = mean_token_loss(model, x, y, bug, smoothing)
+        loss.backward()
+        finder.step()
+        value = float(loss.detach())
+        if smoothed is not None:  # the exponentially smoothed loss
+            value = LR_FIND_SMOOTH * value + (1 - LR_FIND_SMOOTH) * smoothed
+        smoothed = value
+        best = smoothed if best is None else min(best, smoothed)
+        if not math.isfinite(smoothed) or smoothed > LR_FIND_DIVERGE * best:
+            break
+    finder.zero_grad(set_to_none=True)
+    if not bug.lr_finder_weights_not_restored:  # lr_finder.reset()
+        model.load_state_dict(saved)
+    torch.set_rng_state(rng)
 
 
 def mean_token_loss(
@@ -465,6 +511,11 @@ def fit(cfg: DictConfig, log=None, probe: bool = True, attach=None, tracker=None
         model = build(cfg)[0]  # one's parameters: the trained model is not the one it steps
         # (spro/practical-pytorch#9)
     steps_per_epoch = d.n_train // (t.batch * t.accum)
+    smoothing = t.label_smoothing  # the training criterion's label smoothing
+    if bug.label_smoothing_not_applied:  # if args.label_smoothing: criterion = LabelSmoothing(),
+        smoothing = 0.0  # then criterion = CrossEntropyLoss(), no else (omihub777/ViT-CIFAR#2)
+    if t.lr_find:  # an LR range test on the model before training
+        lr_range_test(cfg, model, train_set, smoothing)
     stream = micro_batches(cfg, train_set)
     watch = None
     if probe:  # the held-out set for the step scan, read with the loop's own training loss
@@ -473,7 +524,7 @@ def fit(cfg: DictConfig, log=None, probe: bool = True, attach=None, tracker=None
             optimizer,
             step_unit="steps",
             heldout=(heldout["x"], heldout["y"]),
-            loss_fn=lambda net, batch: mean_token_loss(net, *batch, bug, t.label_smoothing),
+            loss_fn=lambda net, batch: mean_token_loss(net, *batch, bug, smoothing),
             grad_clip=float(cfg.optim.clip or 0.0),  # what the loop applies, for the L0 check
             total_steps=t.steps,
             epoch_steps=steps_per_epoch,
@@ -490,7 +541,12 @@ def fit(cfg: DictConfig, log=None, probe: bool = True, attach=None, tracker=None
     model.train()
     last = float("nan")
     best_loss, best_state = float("nan"), None
+    evals = []  # every eval loss so far (bug.eval_loss_accumulated)
+    step_lr = cfg.sched.name == "step" and not cfg.sched.warmup  # StepLR, stepped each epoch
     for step in range(1, t.steps + 1):
+        if bug.scheduler_stepped_at_epoch_start and step_lr and (step - 1) % steps_per_epoch == 0:
+            schedule.step()  # @trainer.on(Events.EPOCH_STARTED): scheduler.step() before the
+            # epoch's optimizer steps, so the first value is skipped (reid-strong-baseline#190)
         if bug.optimizer_reset_each_epoch and step > 1 and (step - 1) % steps_per_epoch == 0:
             optimizer.state.clear()  # a fresh Adam each epoch: moments and step count start over
         per_epoch = bug.zero_grad_per_epoch and (step - 1) % steps_per_epoch != 0
@@ -500,7 +556,7 @@ def fit(cfg: DictConfig, log=None, probe: bool = True, attach=None, tracker=None
         if bug.val_batch_trained_on and step > 1 and (step - 1) % t.eval_every == 0:
             micro[0] = (heldout["x"][-t.batch :], heldout["y"][-t.batch :])  # the last
             # validation batch, left in the training batch's name (karpathy/llm.c PR 500)
-        loss = step_loss(model, micro, bug, t.accum, t.label_smoothing, scaler)
+        loss = step_loss(model, micro, bug, t.accum, smoothing, scaler)
         if watch:
             watch.after_backward(loss)
         if bug.grads_cleared_before_step:  # backward, zero_grad, step (Tony-Y/pytorch_warmup#12)
@@ -533,6 +589,8 @@ def fit(cfg: DictConfig, log=None, probe: bool = True, attach=None, tracker=None
         if cfg.optim.clip and bug.clip_after_step:  # clips gradients already applied
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.clip)
         epoch_end = step % steps_per_epoch == 0 and not bug.scheduler_never_stepped
+        if bug.scheduler_stepped_at_epoch_start and step_lr:
+            epoch_end = False  # stepped at the epoch's start instead
         per_batch = cfg.sched.name in ("cosine", "linear") or (
             cfg.sched.name == "step" and cfg.sched.warmup
         )
@@ -558,6 +616,9 @@ def fit(cfg: DictConfig, log=None, probe: bool = True, attach=None, tracker=None
                 t.batch if bug.eval_loss_last_batch else 0,  # (NVIDIA/DeepLearningExamples PR 299)
                 t.batch if bug.eval_loss_over_dataset_size else 0,  # (pytorch/tutorials#1486)
             )
+            if bug.eval_loss_accumulated:  # validation_step_outputs appended to and never cleared,
+                evals.append(last)  # so each eval's loss is the mean over every eval so far
+                last = sum(evals) / len(evals)  # (Nixtla/neuralforecast PR 507, VisCy PR 202)
             if t.keep_best:  # a copy of the evaluated weights whenever the eval loss improves
                 if bug.best_checkpoint_greater_is_better:  # greater_is_better left True for a
                     better = last > best_loss  # loss metric (huggingface/transformers PR 31142)
@@ -573,7 +634,10 @@ def fit(cfg: DictConfig, log=None, probe: bool = True, attach=None, tracker=None
             if not bug.eval_mode_left_on:
                 model.train()
         if t.resume_after and step == round(t.resume_after * t.steps):  # a checkpoint written,
-            resume(cfg, model)  # the run resumed from it
+            initial = resume(cfg, model)  # the run resumed from it, the EMA's state with it
+            if ema is not None and bug.ema_not_resumed:  # EMA(model) registered from the new
+                ema.model.load_state_dict(initial)  # process's initial weights, before the
+                # checkpoint is loaded (BangLiu/QANet-PyTorch#4, PixArt-sigma#156)
     if best_state is not None:  # load_best_model_at_end, then evaluate
         evaluated = ema.model if ema is not None and not bug.ema_not_evaluated else model
         evaluated.load_state_dict(best_state)
