@@ -322,6 +322,23 @@ def head_untied(models: Sequence[str]) -> list[Violation]:
     ]
 
 
+def scheduler_stepped_first(schedulers: Mapping[str, int]) -> list[Violation]:
+    """LR schedulers stepped before their optimizer's first step (at the start of each epoch,
+    or once before the loop): the schedule's first value is skipped, so every stage trains at
+    the next stage's LR (a StepLR's first epoch at gamma times the declared LR). Exact: a
+    scheduler stepped after each optimizer step has stepped only in its constructor when the
+    optimizer first steps. Hook: the live schedulers on the optimizer, at the first backward.
+    `schedulers`: {scheduler: the steps it took before the optimizer's first}."""
+    return [
+        Violation(
+            "the_scheduler_steps_after_the_optimizer",
+            name,
+            f"stepped {steps} time(s) before the optimizer's first step",
+        )
+        for name, steps in schedulers.items()
+    ]
+
+
 def never_stepped(backwards: int) -> list[Violation]:
     """A run that ran backwards and never an optimizer step: step() is never called (left out
     of the loop, or called on another optimizer than the parameters'), so nothing trains.

@@ -211,6 +211,9 @@ class LiveFacts:
     untied_heads: list[str] | None = None
     """Models declaring tie_word_embeddings whose output head is not the token embedding's
     tensor (invariants.head_untied); None: no model declares a tie."""
+    early_scheduler_steps: dict[str, int] | None = None
+    """LR schedulers on the optimizer stepped before its first step, with those steps
+    (invariants.scheduler_stepped_first); None: no scheduler found, or a resumed optimizer."""
     unstepped_backwards: int | None = None
     """Backwards of a run whose optimizer never stepped (invariants.never_stepped); None: it
     stepped, or was not read."""
@@ -430,6 +433,11 @@ def invariant_checks(facts: LiveFacts, rules: dict) -> list[Check]:
             rules["modules_not_registered"], facts.unregistered, invariants.modules_unregistered
         ),
         _judged(rules["tied_head_untied"], facts.untied_heads, invariants.head_untied),
+        _judged(
+            rules["scheduler_stepped_before_optimizer"],
+            facts.early_scheduler_steps,
+            invariants.scheduler_stepped_first,
+        ),
         _judged(
             rules["optimizer_step_missing"], facts.unstepped_backwards, invariants.never_stepped
         ),

@@ -295,6 +295,7 @@ class Checks(Strict):
     freeze_set_on_module: Invariant
     modules_not_registered: Invariant
     tied_head_untied: Invariant
+    scheduler_stepped_before_optimizer: Invariant
     dropout_scale_wrong: Invariant
     adam_eps: LiveSetting
     adam_coupled_decay: CoupledDecay

@@ -60,6 +60,7 @@ PROBE_CHECKS = (
     "freeze_set_on_module",
     "modules_not_registered",
     "tied_head_untied",
+    "scheduler_stepped_before_optimizer",
     "loss_summed",
     "dropout_scale_wrong",
     "heldout_overlap",

@@ -32,6 +32,7 @@ there (`probe.data_ready()`, HF's step begin), so its own work before the forwar
 from __future__ import annotations
 
 import atexit
+import gc
 import math
 import time
 import warnings
@@ -581,6 +582,7 @@ class Probe:
         if self.facts.first_grad_norm is not None and reached:
             self.facts.grad_rms = self.facts.first_grad_norm / math.sqrt(reached)
         self.facts.weight_rms = _weight_rms([p for _, p in self.named])
+        self.facts.early_scheduler_steps = schedulers_stepped_early(self.optimizer)
 
     def _first_steps(self) -> None:
         """At the first optimizer step: the optimizer's settings and whether the gradient was
@@ -994,6 +996,30 @@ def unwrapped(optimizer: Any) -> Any:
     while isinstance(getattr(optimizer, "optimizer", None), torch.optim.Optimizer):
         optimizer = optimizer.optimizer
     return optimizer
+
+
+def schedulers_stepped_early(optimizer: Any) -> dict[str, int] | None:
+    """{scheduler: its steps} of the LR schedulers on `optimizer` already stepped past their
+    construction before the optimizer's first step (torch warns of it once: "Detected call of
+    lr_scheduler.step() before optimizer.step()"); None: no scheduler on it, or an optimizer
+    that stepped before (a resume, whose loaded state carries the scheduler's count too).
+    Read once, before the first step: a scan of the live objects, as nothing links an
+    optimizer to its schedulers."""
+    inner = unwrapped(optimizer)
+    if inner is None or getattr(inner, "_opt_called", False) or getattr(inner, "state", None):
+        return None
+    owners = {id(optimizer), id(inner)}
+    schedulers = [
+        found
+        for found in gc.get_objects()
+        if isinstance(found, torch.optim.lr_scheduler.LRScheduler)
+        and id(getattr(found, "optimizer", None)) in owners
+    ]
+    if not schedulers:
+        return None
+    # the constructor's own step leaves _step_count at 1
+    early = {type(s).__name__: getattr(s, "_step_count", 1) - 1 for s in schedulers}
+    return {name: steps for name, steps in early.items() if steps > 0}
 
 
 def keeps_grads(optimizer: Any) -> bool:
