@@ -90,6 +90,9 @@ class TinyLM(nn.Module):
     causal_train_only = False
     """On (bug.causal_mask_train_only): the causal mask is applied only while training
     (is_causal = self.training), so in eval mode each position sees the tokens after it."""
+    attention_dropout_unused = False
+    """On (bug.attention_dropout_unused): the attention's dropout on its weights is created but
+    never applied, so the attention weights are never dropped in training."""
 
     def __init__(
         self,
@@ -175,6 +178,7 @@ class TinyLM(nn.Module):
             self.mask_convention_mismatch,
             self.heads_share_projection,
             self.attention_scale_inverted,
+            self.attention_dropout_unused,
         )
         return any(flags)
 
@@ -196,6 +200,7 @@ class TinyLM(nn.Module):
             self.mask_convention_mismatch,
             self.heads_share_projection,
             self.attention_scale_inverted,
+            self.attention_dropout_unused,
         )
         if not any(by_hand):
             return layer._sa_block(h, mask, None, is_causal=True)
@@ -211,6 +216,8 @@ class TinyLM(nn.Module):
             q, k, v = F.linear(h, attn.in_proj_weight, attn.in_proj_bias).chunk(3, dim=-1)
             q, k, v = (z.reshape(b, t, heads, d // heads).transpose(1, 2) for z in (q, k, v))
         drop = attn.dropout if self.training else 0.0
+        if self.attention_dropout_unused:  # self.dropout = nn.Dropout(p) built, never called on
+            drop = 0.0  # the attention weights (zhouhaoyi/Informer2020#97)
         if self.mask_convention_mismatch:  # _apply_mask(scores, mask) written for 1 = attend,
             scores = q @ k.transpose(-2, -1) / math.sqrt(d // heads)  # given the additive
             scores = scores + (1 - mask) * MASK_VALUE  # 0 / -inf mask (cs249r_book PR 1785):

@@ -76,6 +76,7 @@ def build(cfg: DictConfig) -> tuple:
     model.mask_convention_mismatch = bug.attention_mask_convention_mismatch  # (cs249r_book PR 1785)
     model.attention_scale_inverted = bug.attention_scale_inverted  # (esceptico/perceiver-io#9)
     model.causal_train_only = bug.causal_mask_train_only  # (shiyu-coder/Kronos#199)
+    model.attention_dropout_unused = bug.attention_dropout_unused  # (Informer2020#97)
     if bug.layers_in_plain_list:  # self.layers = [Layer(...) for _ in range(n)]: a Python list,
         model.blocks = list(model.encoder.layers)  # so model.parameters() and .train()/.eval()
         model.encoder.layers = torch.nn.ModuleList()  # never reach the layers (pytorch/pytorch
@@ -95,6 +96,9 @@ def build(cfg: DictConfig) -> tuple:
     if m.freeze_emb and bug.module_requires_grad_set:  # module.requires_grad = False: an attribute
         model.tok_emb.requires_grad = False  # on the nn.Module, which never reaches its parameters
         model.pos_emb.requires_grad = False  # (CSCYQJ/MICCAI23-ProtoContra-SFDA#18, catalyst PR 81)
+    elif m.freeze_emb and bug.frozen_weights_decayed:
+        pass  # frozen by zeroing their gradients after each backward instead (fit), so they stay
+        # trainable parameters of the optimizer (huggingface/diffusers#1009, pytorch/pytorch#38581)
     elif m.freeze_emb:  # the embeddings frozen, as a fine-tuning run freezes its first layers
         for parameter in (*model.tok_emb.parameters(), *model.pos_emb.parameters()):
             parameter.requires_grad = False
@@ -557,6 +561,9 @@ def fit(cfg: DictConfig, log=None, probe: bool = True, attach=None, tracker=None
             micro[0] = (heldout["x"][-t.batch :], heldout["y"][-t.batch :])  # the last
             # validation batch, left in the training batch's name (karpathy/llm.c PR 500)
         loss = step_loss(model, micro, bug, t.accum, smoothing, scaler)
+        if bug.frozen_weights_decayed and cfg.model.freeze_emb:  # the frozen rows' gradients
+            for parameter in (*model.tok_emb.parameters(), *model.pos_emb.parameters()):  # zeroed,
+                parameter.grad.zero_()  # the optimizer's weight decay still applied to them
         if watch:
             watch.after_backward(loss)
         if bug.grads_cleared_before_step:  # backward, zero_grad, step (Tony-Y/pytorch_warmup#12)
