@@ -9,6 +9,7 @@ keeps nan_in_module. Through the probe of a plain loop, and the built-in job's o
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 from mlflow.tracking import MlflowClient
@@ -49,8 +50,11 @@ def loss_of(model: nn.Module, pair) -> torch.Tensor:
     return F.cross_entropy(model(x).flatten(0, 1), y.flatten())
 
 
-def diagnosed(uri: str, diagonal: int, poison_after: int | None = None) -> tuple[dict, dict]:
-    """(run tags, diagnosis) of a probed AdamW loop that stops at its first NaN loss."""
+def diagnosed(
+    uri: str, diagonal: int, poison_after: int | None = None, stops: bool = True
+) -> tuple[dict, dict]:
+    """(run tags, diagnosis) of a probed AdamW loop that stops at its first NaN loss, or
+    (`stops=False`) steps on to its budget as a loop that never reads `diverged` does."""
     model = Attention(diagonal)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     probe = Probe(model, optimizer, step_unit="steps", every_steps=2, loss_fn=loss_of)
@@ -58,7 +62,7 @@ def diagnosed(uri: str, diagonal: int, poison_after: int | None = None) -> tuple
         loss = loss_of(model, batch(step))
         loss.backward()
         probe.after_backward(loss)
-        if probe.diverged:
+        if probe.diverged and stops:
             break
         optimizer.step()
         optimizer.zero_grad()
@@ -70,8 +74,9 @@ def diagnosed(uri: str, diagonal: int, poison_after: int | None = None) -> tuple
     return tags, diagnose(uri, probe.run_id, "hyprun")[1]
 
 
-def test_a_mask_over_every_key_of_a_row_is_a_nan_before_any_update(uri):
-    tags, document = diagnosed(uri, diagonal=0)
+@pytest.mark.parametrize("stops", [True, False])
+def test_a_mask_over_every_key_of_a_row_is_a_nan_before_any_update(uri, stops):
+    tags, document = diagnosed(uri, diagonal=0, stops=stops)
     assert tags["hyprun.outcome"] == "diverged" and tags[NAN_UPDATES_TAG] == "0"
     top = document["findings"][0]
     assert top["id"] == "nan_before_first_update"

@@ -689,7 +689,11 @@ class Probe:
         return metrics
 
     def _diverge(self) -> None:
-        """A non-finite loss: name the first module that produced one, record it, stop."""
+        """A non-finite loss: name the first module that produced one, record it, stop. Once:
+        a loop that steps on after it (it need not read `diverged`) keeps the first NaN's
+        record, not the last one's."""
+        if self.diverged:
+            return
         self.diverged = True
         self._close_activations()
         with own_forwards():  # the replay is not the loop's evaluation
