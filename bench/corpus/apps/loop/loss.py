@@ -75,6 +75,7 @@ def eval_loss(
     smoothing: float = 0.0,
     last_batch: int = 0,
     per_row_of: int = 0,
+    drop_last: int = 0,
 ) -> float:
     """Mean next-token loss over the held-out set's real tokens (the correct loss), or
     (`over_padding`: bug.loss_mean_over_padding) the masked per-position losses averaged over
@@ -83,7 +84,19 @@ def eval_loss(
     `last_batch` (bug.eval_loss_last_batch): the set read in batches of that many rows and the
     last batch's loss returned in place of the average over them all (0: the whole set);
     `per_row_of` (bug.eval_loss_over_dataset_size): the set read in batches of that many rows,
-    each batch's mean loss summed and the sum divided by the number of rows, not of batches."""
+    each batch's mean loss summed and the sum divided by the number of rows, not of batches;
+    `drop_last` (bug.eval_drop_last): the set read in batches of that many rows by a loader with
+    drop_last=True, so the partial last batch is never evaluated (0: every row)."""
+    if drop_last:  # DataLoader(val_set, batch_size, drop_last=True) (ai2cm/ace#647, verl#78)
+        with torch.no_grad():
+            summed, tokens = 0.0, 0
+            for start in range(0, len(data["x"]) - drop_last + 1, drop_last):
+                logits = model(data["x"][start : start + drop_last])
+                flat = logits.reshape(-1, logits.shape[-1])
+                target = data["y"][start : start + drop_last].reshape(-1)
+                summed += float(F.cross_entropy(flat, target, ignore_index=IGNORE, reduction="sum"))
+                tokens += int((target != IGNORE).sum())
+        return summed / tokens
     if per_row_of:  # test_loss += loss_fn(pred, y).item(); test_loss /= len(dataloader.dataset)
         with torch.no_grad():  # (pytorch/tutorials#1486): batch means over a count of rows
             summed = 0.0

@@ -90,6 +90,9 @@ class TinyLM(nn.Module):
     causal_train_only = False
     """On (bug.causal_mask_train_only): the causal mask is applied only while training
     (is_causal = self.training), so in eval mode each position sees the tokens after it."""
+    logits_relu = False
+    """On (bug.logits_relu): a ReLU after the head, so every negative logit reads 0 and gets no
+    gradient (an nn.ReLU() left at the end of the Sequential, before nn.CrossEntropyLoss)."""
     attention_dropout_unused = False
     """On (bug.attention_dropout_unused): the attention's dropout on its weights is created but
     never applied, so the attention weights are never dropped in training."""
@@ -156,6 +159,8 @@ class TinyLM(nn.Module):
         if self.layer_norm_wrong_dim:  # normalized_shape = every dim but the batch
             h = F.layer_norm(h, h.shape[1:], eps=self.ln_f.eps)  # (geometric-algebra-transformer#8)
             return self.head(h * self.ln_f.weight + self.ln_f.bias)
+        if self.logits_relu:  # Linear(512, 10), ReLU(): logits clipped at 0 (tutorials#1526)
+            return F.relu(self.head(self.ln_f(h))).float()
         return self.head(self.ln_f(h)).float()  # logits upcast for the loss (bf16 weights)
 
     @staticmethod

@@ -38,6 +38,9 @@ np.uint16's 65536 was for a 119547-token vocabulary."""
 FIRST_TOKEN = PAD + 1
 """The first real token's id (bug.padding_idx_real_token): the id an embedding numbered from 0
 without a padding token gives its first entry, taken as padding_idx."""
+EVAL_LOADER_BATCH = 48
+"""The validation loader's batch (bug.eval_drop_last): 48 does not divide the 128 held-out rows,
+so drop_last=True leaves the last 32 rows out of every evaluation."""
 NO_DECAY = ("bias", "norm", "ln_f")
 """Name parts of the parameters kept out of weight decay (optim.no_decay): biases and norms, as
 this model names them."""
@@ -77,6 +80,7 @@ def build(cfg: DictConfig) -> tuple:
     model.attention_scale_inverted = bug.attention_scale_inverted  # (esceptico/perceiver-io#9)
     model.causal_train_only = bug.causal_mask_train_only  # (shiyu-coder/Kronos#199)
     model.attention_dropout_unused = bug.attention_dropout_unused  # (Informer2020#97)
+    model.logits_relu = bug.logits_relu  # (pytorch/tutorials PR 1644, huyng/tensorflow-vgg#13)
     if bug.layers_in_plain_list:  # self.layers = [Layer(...) for _ in range(n)]: a Python list,
         model.blocks = list(model.encoder.layers)  # so model.parameters() and .train()/.eval()
         model.encoder.layers = torch.nn.ModuleList()  # never reach the layers (pytorch/pytorch
@@ -128,6 +132,9 @@ def build(cfg: DictConfig) -> tuple:
     if bug.bf16_weights_no_master:  # the weights themselves in bf16, no fp32 master copy
         model.to(torch.bfloat16)  # (hp-l33/AiM#10, tianweiy/CausVid#19)
     optimizer = make_optimizer(cfg, model)
+    if bug.lr_scaled_by_batch:  # --scale_lr: lr = accumulate_grad_batches * ngpu * bs * base_lr
+        for group in optimizer.param_groups:  # (CompVis/latent-diffusion#259, one process here)
+            group["lr"] *= cfg.train.batch * cfg.train.accum
     if cfg.bug.head_not_in_optimizer:  # replaced after the optimizer took the parameters
         model.head = new_head
     scale_unused = bug.layer_decay_scale_unused  # groups carry lr_scale, which a plain torch
@@ -604,7 +611,14 @@ def fit(cfg: DictConfig, log=None, probe: bool = True, attach=None, tracker=None
         if bug.warmup_stepped_per_epoch:  # a per-step schedule left at the 'epoch' interval:
             per_batch = False  # stepped at epoch ends only (ace-step/ACE-Step PR 198)
         per_step = bug.scheduler_per_batch or epoch_end or per_batch
-        if per_step and cfg.sched.name != "plateau":
+        if bug.lr_set_on_last_group_only and step_lr:  # a hand-written StepLR whose assignment
+            if epoch_end:  # sits after its for loop, not in it (rasbt/LLMs-from-scratch#692):
+                epochs = step // steps_per_epoch // cfg.sched.every_epochs  # only the last
+                lr = cfg.optim.lr * cfg.sched.gamma**epochs  # group's LR is set
+                for param_group in optimizer.param_groups:  # noqa: B007 (the bug)
+                    pass
+                param_group["lr"] = lr
+        elif per_step and cfg.sched.name != "plateau":
             schedule.step()
         if step % t.eval_every == 0 or step == t.steps:
             if not bug.eval_without_eval_mode:
@@ -622,6 +636,7 @@ def fit(cfg: DictConfig, log=None, probe: bool = True, attach=None, tracker=None
                 smoothing,  # the training criterion reused (pytorch/pytorch#129050)
                 t.batch if bug.eval_loss_last_batch else 0,  # (NVIDIA/DeepLearningExamples PR 299)
                 t.batch if bug.eval_loss_over_dataset_size else 0,  # (pytorch/tutorials#1486)
+                EVAL_LOADER_BATCH if bug.eval_drop_last else 0,  # (ai2cm/ace#647)
             )
             if bug.eval_loss_accumulated:  # validation_step_outputs appended to and never cleared,
                 evals.append(last)  # so each eval's loss is the mean over every eval so far
@@ -656,6 +671,7 @@ def fit(cfg: DictConfig, log=None, probe: bool = True, attach=None, tracker=None
             t.label_smoothing if bug.eval_loss_label_smoothed else 0.0,
             t.batch if bug.eval_loss_last_batch else 0,
             t.batch if bug.eval_loss_over_dataset_size else 0,
+            EVAL_LOADER_BATCH if bug.eval_drop_last else 0,
         )
         if log:
             log("eval_loss", last, t.steps)
