@@ -660,6 +660,26 @@ def probabilities_into_loss(reads: Sequence[tuple[float, float, float]]) -> list
     ]
 
 
+def logits_clamped(reads: Sequence[tuple[float, float, float]]) -> list[Violation]:
+    """Cross-entropy given scores that are never negative, on every call read: the logits pass
+    through a ReLU (or another clamp at 0) before the loss, so no class can score below zero,
+    the classes clamped at 0 pass no gradient, and the loss cannot fall as far as free logits
+    let it. Exact: a linear head's logits are of both signs from initialization on.
+    Probabilities (rows summing to 1) are probabilities_into_loss's. `reads`: as
+    probabilities_into_loss's. Hook: the same function mode over the first steps' loss."""
+    clamped = [
+        (call, low, high)
+        for call, (low, high, off) in enumerate(reads)
+        if low >= 0 and high > 0 and not (high <= 1 and off <= PROBABILITY_TOL)
+    ]
+    if len(clamped) < len(reads):
+        return []
+    return [
+        Violation("logits_take_both_signs", f"call {call}", f"input in [{low:.3g}, {high:.3g}]")
+        for call, low, high in clamped
+    ]
+
+
 def soft_targets_unnormalised(reads: Sequence[float]) -> list[Violation]:
     """Soft targets whose rows do not sum to 1: a hand-written cross-entropy -sum(q log p)
     with q not a distribution trains toward another target than the labels' (label smoothing

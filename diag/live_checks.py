@@ -322,6 +322,11 @@ def invariant_checks(facts: LiveFacts, rules: dict) -> list[Check]:
             "fail",
         ),
         _violations(
+            rules["logits_nonnegative"],
+            invariants.logits_clamped(facts.loss_inputs) if facts.loss_inputs else None,
+            "fail",
+        ),
+        _violations(
             rules["labels_misaligned"],
             invariants.labels_misaligned(facts.label_reads)
             if invariants.labels_judged(facts.label_reads)

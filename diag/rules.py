@@ -296,6 +296,7 @@ class Checks(Strict):
     modules_not_registered: Invariant
     tied_head_untied: Invariant
     scheduler_stepped_before_optimizer: Invariant
+    logits_nonnegative: Invariant
     dropout_scale_wrong: Invariant
     adam_eps: LiveSetting
     adam_coupled_decay: CoupledDecay

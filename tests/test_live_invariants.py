@@ -261,7 +261,8 @@ def classifier_loop(uri: str, bug: str = "") -> dict[str, dict]:
     """A 4-class classifier trained one epoch under the probe, with batches large enough that
     their losses are tight estimates (the fair-stream check compares them);
     `sorted`: the data stored by class and not shuffled; `softmax`: probabilities into
-    cross-entropy. The L0 checks the probe recorded, by id."""
+    cross-entropy; `relu`: logits clamped at 0 before it. The L0 checks the probe recorded, by
+    id."""
     torch.manual_seed(0)
     centres = torch.randn(CLASSES, FEATURES) * 2
     labels = torch.randint(0, CLASSES, (TRAIN + HELDOUT,))
@@ -273,6 +274,7 @@ def classifier_loop(uri: str, bug: str = "") -> dict[str, dict]:
     def loss_fn(net, batch):
         scores = net(batch[0])
         scores = scores.softmax(-1) if bug == "softmax" else scores
+        scores = scores.relu() if bug == "relu" else scores  # pytorch/tutorials PR 1644
         return nn.functional.cross_entropy(scores, batch[1])
 
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -308,6 +310,15 @@ def test_a_real_loop_fails_the_loss_input_check_only_with_softmax_before_cross_e
     assert fair["probabilities_into_cross_entropy"]["status"] == "pass"
     assert twice["probabilities_into_cross_entropy"]["status"] == "fail"
     assert twice["unshuffled_data"]["status"] == "pass"
+
+
+def test_logits_through_a_relu_fail_the_sign_check_and_free_logits_or_probabilities_do_not(uri):
+    fair, clamped = classifier_loop(uri), classifier_loop(uri, "relu")
+    assert fair["logits_nonnegative"]["status"] == "pass"
+    assert clamped["logits_nonnegative"]["status"] == "fail", clamped["logits_nonnegative"]
+    assert clamped["probabilities_into_cross_entropy"]["status"] == "pass"
+    twice = classifier_loop(uri, "softmax")  # probabilities: the other check's, not this one's
+    assert twice["logits_nonnegative"]["status"] == "pass"
 
 
 def test_probabilities_into_cross_entropy_outranks_the_flat_loss_it_causes():

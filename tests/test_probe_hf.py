@@ -264,6 +264,7 @@ def test_a_compute_loss_that_ignores_num_items_in_batch_is_an_unscaled_accumulat
     assert checks["tied_head_untied"]["status"] == "pass"  # GPT-2's head is its embedding
     assert checks["modules_not_registered"]["status"] == "pass"
     assert checks["scheduler_stepped_before_optimizer"]["status"] == "pass"  # its own LambdaLR
+    assert checks["logits_nonnegative"]["status"] == "pass"
     # each micro-batch adds to the last one's gradients; one micro-batch has nothing to add to
     kept = "pass" if accumulation > 1 else "skip"
     assert checks["accumulation_grads_discarded"]["status"] == kept

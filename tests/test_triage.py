@@ -1161,6 +1161,7 @@ NO_CARD_ROWS = {"noisy_labels", "noisy_labels_flat"} | {  # broken invariants: a
     "warmup_not_as_declared",
     "tied_head_untied",
     "scheduler_stepped_before_optimizer",
+    "logits_nonnegative",
     "eval_loss_wrong_normaliser",
     "loss_summed_not_averaged",
     "lr_not_as_declared",

@@ -61,6 +61,7 @@ PROBE_CHECKS = (
     "modules_not_registered",
     "tied_head_untied",
     "scheduler_stepped_before_optimizer",
+    "logits_nonnegative",
     "loss_summed",
     "dropout_scale_wrong",
     "heldout_overlap",
