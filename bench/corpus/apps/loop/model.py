@@ -96,6 +96,10 @@ class TinyLM(nn.Module):
     attention_dropout_unused = False
     """On (bug.attention_dropout_unused): the attention's dropout on its weights is created but
     never applied, so the attention weights are never dropped in training."""
+    mask_float_added = False
+    """On (bug.causal_mask_float_added): the causal mask is built as a float 0/1 matrix (1 where a
+    key may be read, 0 where not) and handed to an attention that adds a non-boolean mask to the
+    scores, so every past key gets +1 and no future key is blocked."""
 
     def __init__(
         self,
@@ -184,6 +188,7 @@ class TinyLM(nn.Module):
             self.heads_share_projection,
             self.attention_scale_inverted,
             self.attention_dropout_unused,
+            self.mask_float_added,
         )
         return any(flags)
 
@@ -206,6 +211,7 @@ class TinyLM(nn.Module):
             self.heads_share_projection,
             self.attention_scale_inverted,
             self.attention_dropout_unused,
+            self.mask_float_added,
         )
         if not any(by_hand):
             return layer._sa_block(h, mask, None, is_causal=True)
@@ -244,6 +250,10 @@ class TinyLM(nn.Module):
             scores = q @ k.transpose(-2, -1) / math.sqrt(d // heads)  # (pbloem/former#10)
             scores[..., rows, cols] = float("-inf")
             out = F.dropout(scores.softmax(dim=-1), drop) @ v
+        elif self.mask_float_added:  # mask = torch.ones(t, t).tril(), a float mask, which the
+            allowed = torch.ones(t, t, device=h.device).tril()  # attention adds to its scores
+            # (a bool one it fills with -inf): +0 on the future keys (timeseriesAI/tsai#171)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=drop)
         elif self.attention_unscaled:  # scale=1.0: q.k not divided by sqrt(head_dim)
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=drop, scale=1.0)
         elif self.attention_scale_inverted:  # self.scale = head_dim ** -0.5, then q.k / self.scale:

@@ -80,6 +80,7 @@ def build(cfg: DictConfig) -> tuple:
     model.attention_scale_inverted = bug.attention_scale_inverted  # (esceptico/perceiver-io#9)
     model.causal_train_only = bug.causal_mask_train_only  # (shiyu-coder/Kronos#199)
     model.attention_dropout_unused = bug.attention_dropout_unused  # (Informer2020#97)
+    model.mask_float_added = bug.causal_mask_float_added  # (timeseriesAI/tsai#171)
     model.logits_relu = bug.logits_relu  # (pytorch/tutorials PR 1644, huyng/tensorflow-vgg#13)
     if bug.layers_in_plain_list:  # self.layers = [Layer(...) for _ in range(n)]: a Python list,
         model.blocks = list(model.encoder.layers)  # so model.parameters() and .train()/.eval()
@@ -280,6 +281,13 @@ def make_optimizer(cfg: DictConfig, model: torch.nn.Module) -> torch.optim.Optim
     if o.no_decay:  # biases and norms out of weight decay, matched by name (BERT's no_decay)
         names = NO_DECAY_BERT if bug.no_decay_names_mismatch else NO_DECAY  # (transformers#16908,
         params = decay_groups(model, o.weight_decay, names)  # DeepSpeedExamples PR 755)
+        if bug.weight_decay_groups_inverted:  # the decay on the no_decay names' group, 0 on the
+            params[0]["weight_decay"], params[1]["weight_decay"] = 0.0, o.weight_decay  # rest
+            # (facebookresearch/BalancingGroups#6)
+    if o.name == "sgd" and bug.sgd_lr_from_weight_decay:  # optim.SGD(params, lr=weight_decay,
+        return torch.optim.SGD(  # momentum=..., weight_decay=weight_decay) (offbit/evo-design#3)
+            params, lr=o.weight_decay, momentum=o.momentum, weight_decay=o.weight_decay
+        )
     if o.name == "sgd" and bug.weight_decay_as_momentum:  # SGD(params, lr, weight_decay):
         return torch.optim.SGD(params, o.lr, o.weight_decay)  # 3rd is momentum (YudeWang/SEAM#21)
     if o.name == "sgd":
@@ -410,11 +418,21 @@ class ExponentialMovingAverage:
     """An EMA of the model's weights (train.ema: its decay), updated after each optimizer step
     and evaluated in the model's place: shadow -= (1 - decay) * (shadow - param).
     `sign_flipped`: the update adds the gap instead (ostris/ai-toolkit#1034), so the shadow is
-    pushed away from the parameters by a factor 1 + (1 - decay) each step."""
+    pushed away from the parameters by a factor 1 + (1 - decay) each step.
+    `beta_backwards`: the decay given as the new weights' share (optax.incremental_update with
+    step_size beta, marin-community/levanter PR 883), so the shadow keeps 1 - decay of itself and
+    follows the trained weights a step behind."""
 
-    def __init__(self, model: torch.nn.Module, decay: float, sign_flipped: bool = False):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        decay: float,
+        sign_flipped: bool = False,
+        beta_backwards: bool = False,
+    ):
         self.model = copy.deepcopy(model).eval()
         self.decay, self.sign_flipped = decay, sign_flipped
+        self.beta_backwards = beta_backwards
         for parameter in self.model.parameters():
             parameter.requires_grad_(False)
 
@@ -422,7 +440,9 @@ class ExponentialMovingAverage:
     def update(self, model: torch.nn.Module) -> None:
         for shadow, parameter in zip(self.model.parameters(), model.parameters(), strict=True):
             gap = shadow - parameter
-            if self.sign_flipped:
+            if self.beta_backwards:  # the new weights given weight beta, the average 1 - beta
+                shadow.sub_(gap * self.decay)  # (marin-community/levanter PR 883)
+            elif self.sign_flipped:
                 shadow.add_(gap * (1 - self.decay))
             else:
                 shadow.sub_(gap * (1 - self.decay))
@@ -548,7 +568,11 @@ def fit(cfg: DictConfig, log=None, probe: bool = True, attach=None, tracker=None
     clip_params = None
     if bug.clip_params_exhausted:  # one generator of the parameters for every step's clip:
         clip_params = (p for p in model.parameters() if p.requires_grad)  # the first consumes it
-    ema = ExponentialMovingAverage(model, t.ema, bug.ema_update_sign_flipped) if t.ema else None
+    ema = None
+    if t.ema:
+        ema = ExponentialMovingAverage(
+            model, t.ema, bug.ema_update_sign_flipped, bug.ema_beta_backwards
+        )
     model.train()
     last = float("nan")
     best_loss, best_state = float("nan"), None
