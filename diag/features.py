@@ -516,7 +516,11 @@ def _lr_as_declared(ev: Evidence, out: Features) -> None:
 def _settings_as_declared(ev: Evidence, out: Features) -> None:
     """The weight decay and warmup the config declares (in the app's key, through its knobs),
     beside what the optimizer applied as the L0 checks read it live: a declared setting that
-    never reached the optimizer is a card that cannot act."""
+    never reached the optimizer is a card that cannot act. Only where the probe read the
+    optimizer (`hyprun.source` probe): our job's L0 checks read its config, the very values
+    declared (its warmup check warns of a warmup too short for one step, not of one missing)."""
+    if ev.tags.get("hyprun.source") != "probe":
+        return
     checks = {check.get("id"): check for check in ev.static}
     wanted = _num(declared(ev, "optim.weight_decay"))
     applied = _num(checks.get("weight_decay", {}).get("value"))

@@ -908,7 +908,8 @@ def test_every_table_feature_exists():
     ev.series["perf/comm_frac"] = ev.series.get("perf/comm_frac", [])
     ev.static.append({"id": "step_forwards", "status": "pass", "value": 1})  # an app's probe
     ev.tags["hyprun.accumulation"] = "1"  # and its launcher
-    ev.static.append({"id": "weight_decay", "status": "pass", "value": 0.1})  # the live read
+    ev.tags["hyprun.source"] = "probe"  # the optimizer read live, as in someone else's loop
+    ev.static.append({"id": "weight_decay", "status": "pass", "value": 0.1})
     ev.config.setdefault("optim", {})["weight_decay"] = 0.1  # what the config declares
     ev.config.setdefault("sched", {})["warmup_frac"] = 0.05
     names = set(features(ev)) | {"loss_last", "peak_mem_gb"}
