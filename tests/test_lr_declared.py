@@ -45,6 +45,11 @@ def recorded_run(uri: str, bug: str) -> str:
         "floored": lambda step: max(0.0, 1.0 - step / 6),
     }
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, factors.get(bug, lambda step: 1.0))
+    return probed_run(model, optimizer, schedule)
+
+
+def probed_run(model: nn.Module, optimizer, schedule) -> str:
+    """12 probed steps of a tiny regression, the schedule stepped after each; the run id."""
     probe = Probe(model, optimizer, step_unit="steps", every_steps=0)
     for step in range(12):
         x = torch.randn(16, 8, generator=torch.Generator().manual_seed(step))
@@ -104,17 +109,7 @@ def settings_findings(uri: str, decay: float, warmup: bool, declared: dict) -> l
     optimizer = torch.optim.AdamW(model.parameters(), lr=DECLARED, weight_decay=decay)
     factor = (lambda step: min(1.0, (step + 1) / 4)) if warmup else (lambda step: 1.0)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
-    probe = Probe(model, optimizer, step_unit="steps", every_steps=0)
-    for step in range(12):
-        x = torch.randn(16, 8, generator=torch.Generator().manual_seed(step))
-        loss = F.mse_loss(model(x), x.sum(1, keepdim=True))
-        loss.backward()
-        probe.after_backward(loss)
-        optimizer.step()
-        optimizer.zero_grad()
-        schedule.step()
-    probe.close()
-    evidence, _ = read_evidence(uri, probe.run_id)
+    evidence, _ = read_evidence(uri, probed_run(model, optimizer, schedule))
     knobs = {
         "optim.lr": {"key": "training.learning_rate"},
         "optim.weight_decay": {"key": "training.weight_decay", "default": 0.0},
