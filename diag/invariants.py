@@ -138,6 +138,17 @@ like a weight matrix's (std 0.02: huggingface/transformers#143), so each branch 
 start 50x quieter. Trained gains move away from 1 (some GPT-2 layers read 0.1-0.3), so a
 finding reads it only on a fresh model (its first loss near ln(vocab))."""
 
+ATTENTION_SCALE = 2.0
+"""How many times the usual 1/sqrt(head_dim) the scale q.k reaches the softmax with may be
+(diag's attention_scale_wrong). The attention reader reports 1 for a scaled attention (0.9-1.1
+on GPT-2, Llama, BERT and T5 as initialised, eager or SDPA), sqrt(head_dim) for one left
+unscaled and head_dim for one multiplied by sqrt(head_dim): 2 flags both from a head_dim of 5
+up; a smaller scale (muP's 1/head_dim) is a choice, not flagged."""
+ATTENTION_ROWS_OFF = 0.5
+"""Share of an attention's queries whose weights may sum to other than one over the keys (in
+eval mode, dropout off). A softmax over the keys gives one for every query; masked after the
+softmax, or taken over the queries, almost none do. Half leaves room for queries of padding."""
+
 DROPOUT_SCALE = 2.0
 """Ratio of the stream's RMS in a train-mode forward to its RMS in eval mode (the same batch
 and weights) above which training sees activations at another scale than evaluation. Inverted
@@ -915,4 +926,54 @@ def dropout_misscaled(ratio: float) -> list[Violation]:
             "a norm layer's input, train vs eval mode",
             f"its RMS is {ratio:.2g}x larger in train mode",
         )
+    ]
+
+
+def attention_scale_wrong(scales: Sequence[float]) -> list[Violation]:
+    """Attentions whose q.k reaches the softmax at ATTENTION_SCALE times the usual 1/sqrt(head_dim)
+    or more: the scores were never divided by sqrt(head_dim), or multiplied by it (a scale
+    written head_dim ** -0.5 and then divided by), so the softmax saturates as q and k grow and
+    its gradients vanish. `scales`: per attention, its scale over 1/sqrt(head_dim), q and k
+    taken at their init's relative size (runner/job/attention_reads.py). Hook: the probe's step
+    scan, once."""
+    return [
+        Violation(
+            "scores_divided_by_sqrt_head_dim",
+            f"attention {index}",
+            f"q.k reaches the softmax at {scale:.3g}x the scale of 1/sqrt(head_dim)",
+        )
+        for index, scale in enumerate(scales, 1)
+        if scale >= ATTENTION_SCALE
+    ]
+
+
+def attention_rows_unnormalised(shares: Sequence[float]) -> list[Violation]:
+    """Attentions whose weights, where they multiply the values, do not sum to one over the
+    keys for more than ATTENTION_ROWS_OFF of the queries: a mask applied after the softmax
+    (weights of the masked keys zeroed or set to -inf, the rest no longer renormalised), or a
+    softmax over the queries (dim=-2), so each output mixes the values at a scale of its own.
+    Read in eval mode, where dropout keeps every weight. `shares`: per product of softmax
+    weights with the values, the share of its queries off. Hook: the probe's step scan, once
+    (runner/job/attention_reads.py)."""
+    return [
+        Violation(
+            "weights_sum_to_one_over_keys",
+            f"attention {index}",
+            f"{share:.0%} of its queries' weights do not sum to one over the keys",
+        )
+        for index, share in enumerate(shares, 1)
+        if share > ATTENTION_ROWS_OFF
+    ]
+
+
+def frozen_yet_moved(names: Sequence[str]) -> list[Violation]:
+    """Weights whose gradient is zero at every step read that the optimizer still moves: they
+    were frozen by zeroing their gradient (a hook, `grad.zero_()` after the backward) while
+    staying in an optimizer whose weight decay (AdamW's decoupled decay, SGD's) or momentum
+    changes them anyway, so the frozen weights drift toward zero (diffusers#1009,
+    pytorch#38581). Exact: with a zero gradient only decay or momentum moves a weight. Hook:
+    the probe's probed steps, the weights before and after the first two or three."""
+    return [
+        Violation("frozen_weights_stay", name, "its gradient was zero yet the step moved it")
+        for name in names
     ]

@@ -220,6 +220,16 @@ class LiveFacts:
     unbacked_steps: list[int] | None = None
     """Checked optimizer steps with no backward since the step before
     (invariants.steps_without_backward); None: gradients not kept in .grad, not read."""
+    frozen_moved: list[str] | None = None
+    """Trainable tensors whose gradient was zero at each of the first probed steps (two or
+    three) that each of those steps moved (invariants.frozen_yet_moved); None: fewer than two
+    probed steps read."""
+    attention_scales: list[float] | None = None
+    """Per attention of the model as initialised: its q.k scale over 1/sqrt(head_dim)
+    (invariants.attention_scale_wrong); None: no attention read."""
+    attention_rows: list[float] | None = None
+    """Per product of softmax weights with the values: the share of queries whose weights do
+    not sum to one (invariants.attention_rows_unnormalised); None: none read."""
     weight_rewrites: tuple[int, int, int] | None = None
     """(steps before whose first forward a weight tensor differed from what the last step left,
     the most tensors rewritten before one step, steps read) (invariants.weights_overwritten);
@@ -438,6 +448,15 @@ def invariant_checks(facts: LiveFacts, rules: dict) -> list[Check]:
             rules["modules_not_registered"], facts.unregistered, invariants.modules_unregistered
         ),
         _judged(rules["tied_head_untied"], facts.untied_heads, invariants.head_untied),
+        _judged(rules["frozen_weights_decayed"], facts.frozen_moved, invariants.frozen_yet_moved),
+        _judged(
+            rules["attention_scale_wrong"], facts.attention_scales, invariants.attention_scale_wrong
+        ),
+        _judged(
+            rules["attention_rows_unnormalised"],
+            facts.attention_rows,
+            invariants.attention_rows_unnormalised,
+        ),
         _judged(
             rules["scheduler_stepped_before_optimizer"],
             facts.early_scheduler_steps,

@@ -295,6 +295,9 @@ class Checks(Strict):
     freeze_set_on_module: Invariant
     modules_not_registered: Invariant
     tied_head_untied: Invariant
+    frozen_weights_decayed: Invariant
+    attention_scale_wrong: Invariant
+    attention_rows_unnormalised: Invariant
     scheduler_stepped_before_optimizer: Invariant
     logits_nonnegative: Invariant
     dropout_scale_wrong: Invariant

@@ -20,6 +20,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode, _get_current_function_mode_stack
 
 from hyprun.diag.invariants import LABEL_MATCH, LABEL_OFFSETS, REWRITE_SHARE
+from hyprun.runner.job.attention_reads import AttentionReads
 
 MODE_MODULES = (nn.Dropout, nn.modules.batchnorm._BatchNorm)
 """Modules whose forward depends on train/eval mode."""
@@ -278,6 +279,8 @@ class InvariantHooks:
         """The held-out batch's targets against its inputs (model_checks.heldout_label_offsets)."""
         self.train_eval_scale: float | None = None
         """Train-mode over eval-mode RMS of the norm layers' inputs (model_checks), once read."""
+        self.attention: AttentionReads | None = None
+        """How the model's attention scales q.k and normalises its weights (attention_reads)."""
         self.heldout_rows: set[int] | None = None
         """A hash of each row of the held-out batch's ids, once the probe has read it."""
         self.heldout_ids: torch.Tensor | None = None

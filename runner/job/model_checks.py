@@ -14,9 +14,11 @@ the first scanned step (the model as initialised) for hyprun.diag.invariants:
 - the held-out targets against the held-out inputs: the reference the training targets are
   read against (labels_unpaired);
 - rows apart: a row's output does not move when only the batch's other rows change
-  (rows_mixed).
+  (rows_mixed);
+- attention scaled and normalised: q.k divided by sqrt(head_dim), weights summing to one over
+  the keys (attention_scale_wrong, attention_rows_unnormalised; runner/job/attention_reads.py).
 
-Ten forwards per run without autograd, all in eval mode but one, inside a forked RNG: the
+Eleven forwards per run without autograd, all in eval mode but one, inside a forked RNG: the
 training that follows draws the same random numbers as without them.
 """
 
@@ -28,6 +30,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from hyprun.runner.job.attention_reads import AttentionReads, attention_reads
 
 
 def repeat_gap(model: nn.Module, loss: Callable[[], Any]) -> float:
@@ -83,6 +87,13 @@ def _output_move(model: nn.Module, batch: Any, loss, changed: torch.Tensor, part
         return None
     kept, moved = part(before).float(), part(after).float()
     return float((kept - moved).abs().max() / kept.abs().max().clamp_min(1e-12))
+
+
+def attention(model: nn.Module, loss: Callable[[], Any]) -> AttentionReads | None:
+    """How the model's attention scales q.k and normalises its weights, on one eval forward
+    (runner/job/attention_reads.py). None: no attention read."""
+    with _evaluating(model):
+        return attention_reads(model, loss)
 
 
 def heldout_label_offsets(model: nn.Module, loss: Callable[[], Any]) -> tuple | None:

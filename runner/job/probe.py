@@ -60,6 +60,10 @@ from hyprun.runner.job.invariant_hooks import (
 )
 
 STEP_UNITS = ("tokens", "steps")
+FROZEN_READS = 3
+"""Probed steps at which the tensors with a zero gradient are read: a weight frozen by zeroing
+its gradient reads zero at each; one zero at the first step only (LoRA's A beside a zero B)
+does not."""
 NO_HELDOUT = "no held-out batch was given (Probe(..., heldout=batch))"
 
 
@@ -224,6 +228,7 @@ class Probe:
         self._heldout, self._heldout_ready, self.loss_fn = heldout, False, loss_fn
         self._scan = probes.StepScan()
         self._model_checked = False
+        self._frozen_reads, self._frozen_moved = 0, set()
         self.scan_off: str | None = None if heldout is not None else NO_HELDOUT
         """Why the step scan is off (None: on)."""
         self.facts: LiveFacts | None = None
@@ -483,6 +488,8 @@ class Probe:
             self.facts.lost_updates = lost_updates(
                 [self._before[n] for n in names], now, [p.grad for _, p in self.named]
             )
+        if self.facts is not None and self._frozen_reads < FROZEN_READS:
+            self._read_frozen_moved(names, now)
         metrics = {
             "param/norm": norm,
             "param/update_ratio": step / max(norm, 1e-12),
@@ -495,6 +502,16 @@ class Probe:
         if self.switches["step_scan"] and self.scan_off is None:
             metrics.update(self._step_scan(delta))
         return metrics
+
+    def _read_frozen_moved(self, names: list[str], now: list[torch.Tensor]) -> None:
+        """The tensors whose gradient was zero at every probed step read so far, yet which that
+        step moved (invariants.frozen_yet_moved), once two steps are read."""
+        grads = [p.grad for _, p in self.named]
+        moved = set(zero_grad_moved(names, [self._before[n] for n in names], now, grads))
+        self._frozen_moved = moved if self._frozen_reads == 0 else self._frozen_moved & moved
+        self._frozen_reads += 1
+        if self._frozen_reads >= 2:
+            self.facts.frozen_moved = sorted(self._frozen_moved)
 
     def _step_scan(self, delta: list[torch.Tensor]) -> dict[str, float]:
         """The held-out loss along the step just taken (hyprun.diag.probes.StepScan), as the
@@ -535,6 +552,7 @@ class Probe:
         hooks.train_eval_scale = model_checks.train_eval_scale(self.model, loss)
         hooks.heldout_labels = model_checks.heldout_label_offsets(self.model, loss)
         hooks.row_influence = model_checks.row_influence(self.model, batch, self._loss)
+        hooks.attention = model_checks.attention(self.model, loss)
 
     def _scan_stops(self, reason: str) -> dict[str, float]:
         self.scan_off = reason
@@ -833,6 +851,24 @@ def identical_rows(named: list[tuple[str, nn.Parameter]]) -> list[str]:
     return identical
 
 
+def zero_grad_moved(
+    names: list[str],
+    before: list[torch.Tensor],
+    after: list[torch.Tensor],
+    grads: list[torch.Tensor | None],
+) -> list[str]:
+    """The tensors whose whole gradient is zero (not None: None leaves a tensor out of the
+    step) that the step still changed: weight decay or momentum moved a frozen weight. A
+    gradient not whole (DeepSpeed's shards) or not finite is not read."""
+    moved = []
+    for name, old, new, grad in zip(names, before, after, grads, strict=True):
+        if grad is None or grad.shape != new.shape or not bool(torch.isfinite(grad).all()):
+            continue
+        if not bool(grad.any()) and not torch.equal(new, old.to(new.device)):
+            moved.append(name)
+    return moved
+
+
 def lost_updates(
     before: list[torch.Tensor], after: list[torch.Tensor], grads: list[torch.Tensor | None]
 ) -> tuple[int, int] | None:
@@ -1081,6 +1117,9 @@ def read_invariants(
     facts.padding_idx_attended = hooks.padding_idx_attended
     facts.unbacked_steps = list(hooks.unbacked) if hooks.read_accumulation else None
     facts.train_eval_scale = hooks.train_eval_scale
+    if hooks.attention is not None:
+        facts.attention_scales = list(hooks.attention.scales)
+        facts.attention_rows = list(hooks.attention.unnormalised)
     if hooks.heldout_rows:
         facts.heldout_overlap = (len(hooks.heldout_seen), len(hooks.heldout_rows))
     facts.label_reads = list(hooks.label_reads)
