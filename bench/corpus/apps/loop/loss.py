@@ -76,6 +76,7 @@ def eval_loss(
     last_batch: int = 0,
     per_row_of: int = 0,
     drop_last: int = 0,
+    divided_in_loop: int = 0,
 ) -> float:
     """Mean next-token loss over the held-out set's real tokens (the correct loss), or
     (`over_padding`: bug.loss_mean_over_padding) the masked per-position losses averaged over
@@ -86,7 +87,21 @@ def eval_loss(
     `per_row_of` (bug.eval_loss_over_dataset_size): the set read in batches of that many rows,
     each batch's mean loss summed and the sum divided by the number of rows, not of batches;
     `drop_last` (bug.eval_drop_last): the set read in batches of that many rows by a loader with
-    drop_last=True, so the partial last batch is never evaluated (0: every row)."""
+    drop_last=True, so the partial last batch is never evaluated (0: every row);
+    `divided_in_loop` (bug.eval_loss_divided_in_loop): the set read in batches of that many rows,
+    each batch's mean loss added to a running total that is divided by the number of batches so
+    far inside the loop, at every batch, instead of once after it (0: the whole set)."""
+    if divided_in_loop:  # eval_loss += loss; eval_steps += 1; eval_loss /= eval_steps, all inside
+        with torch.no_grad():  # the batch loop (lucidrains/reformer-pytorch#147)
+            running = 0.0
+            starts = range(0, len(data["x"]), divided_in_loop)
+            for steps, start in enumerate(starts, start=1):
+                logits = model(data["x"][start : start + divided_in_loop])
+                flat = logits.reshape(-1, logits.shape[-1])
+                target = data["y"][start : start + divided_in_loop].reshape(-1)
+                running += float(F.cross_entropy(flat, target, ignore_index=IGNORE))
+                running /= steps
+        return running
     if drop_last:  # DataLoader(val_set, batch_size, drop_last=True) (ai2cm/ace#647, verl#78)
         with torch.no_grad():
             summed, tokens = 0.0, 0

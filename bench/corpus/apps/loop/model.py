@@ -101,6 +101,11 @@ class TinyLM(nn.Module):
     key may be read, 0 where not) and handed to an attention that adds a non-boolean mask to the
     scores, so every past key gets +1 and no future key is blocked."""
 
+    dropout_after_residual = False
+    """On (bug.dropout_after_residual_add): each sublayer's dropout is applied to the sum of the
+    residual stream and the sublayer's output, x = dropout(x + sublayer(x)), instead of to the
+    sublayer's output before the add, so the residual stream itself is dropped at every layer."""
+
     def __init__(
         self,
         vocab: int,
@@ -189,12 +194,17 @@ class TinyLM(nn.Module):
             self.attention_scale_inverted,
             self.attention_dropout_unused,
             self.mask_float_added,
+            self.dropout_after_residual,
         )
         return any(flags)
 
     def layer_by_hand(self, layer: nn.TransformerEncoderLayer, h, mask) -> torch.Tensor:
         """One pre-norm encoder layer written out (torch's own, norm_first), with the lines
         the bug flags change."""
+        if self.dropout_after_residual:  # x = dropout(x + sublayer(x)): the dropout after the add,
+            h = layer.dropout1(h + self.attention(layer, layer.norm1(h), mask))  # on the stream
+            ff = layer.linear2(layer.dropout(layer.activation(layer.linear1(layer.norm2(h)))))
+            return layer.dropout2(h + ff)  # (hyunwoongko/transformer#8, BERT-pytorch#85)
         h = h + self.attention(layer, layer.norm1(h), mask)
         return h + self.feed_forward(layer, layer.norm2(h))
 
@@ -212,6 +222,7 @@ class TinyLM(nn.Module):
             self.attention_scale_inverted,
             self.attention_dropout_unused,
             self.mask_float_added,
+            self.dropout_after_residual,
         )
         if not any(by_hand):
             return layer._sa_block(h, mask, None, is_causal=True)
@@ -266,6 +277,8 @@ class TinyLM(nn.Module):
         if self.heads_merged_without_permute:  # [B, heads, T, hd] reshaped as it lies in memory
             return layer.dropout1(attn.out_proj(out.reshape(b, t, d)))  # (jsbaan/...#6)
         out = attn.out_proj(out.transpose(1, 2).reshape(b, t, d))
+        if self.dropout_after_residual:  # no dropout on the output: it comes after the add
+            return out
         return layer.dropout1(out)
 
     def feed_forward(self, layer: nn.TransformerEncoderLayer, h) -> torch.Tensor:

@@ -81,6 +81,7 @@ def build(cfg: DictConfig) -> tuple:
     model.causal_train_only = bug.causal_mask_train_only  # (shiyu-coder/Kronos#199)
     model.attention_dropout_unused = bug.attention_dropout_unused  # (Informer2020#97)
     model.mask_float_added = bug.causal_mask_float_added  # (timeseriesAI/tsai#171)
+    model.dropout_after_residual = bug.dropout_after_residual_add  # (hyunwoongko/transformer#8)
     model.logits_relu = bug.logits_relu  # (pytorch/tutorials PR 1644, huyng/tensorflow-vgg#13)
     if bug.layers_in_plain_list:  # self.layers = [Layer(...) for _ in range(n)]: a Python list,
         model.blocks = list(model.encoder.layers)  # so model.parameters() and .train()/.eval()
@@ -166,7 +167,10 @@ def make_schedule(cfg: DictConfig, optimizer):
         return torch.optim.lr_scheduler.LambdaLR(
             optimizer, lambda s: min(1.0, (s + 1) / warmup) * cfg.sched.gamma ** (s // every)
         )
-    return torch.optim.lr_scheduler.StepLR(optimizer, cfg.sched.every_epochs, cfg.sched.gamma)
+    gamma = cfg.sched.gamma
+    if cfg.bug.scheduler_off_gamma_zero:  # the scheduler turned off as StepLR(gamma=0), where a
+        gamma = 0.0  # constant LR needs gamma=1 (LINCellularNeuroscience/VAME#26)
+    return torch.optim.lr_scheduler.StepLR(optimizer, cfg.sched.every_epochs, gamma)
 
 
 def warmup_linear_schedule(cfg: DictConfig, optimizer) -> torch.optim.lr_scheduler.LambdaLR:
@@ -661,6 +665,7 @@ def fit(cfg: DictConfig, log=None, probe: bool = True, attach=None, tracker=None
                 t.batch if bug.eval_loss_last_batch else 0,  # (NVIDIA/DeepLearningExamples PR 299)
                 t.batch if bug.eval_loss_over_dataset_size else 0,  # (pytorch/tutorials#1486)
                 EVAL_LOADER_BATCH if bug.eval_drop_last else 0,  # (ai2cm/ace#647)
+                t.batch if bug.eval_loss_divided_in_loop else 0,  # (reformer-pytorch#147)
             )
             if bug.eval_loss_accumulated:  # validation_step_outputs appended to and never cleared,
                 evals.append(last)  # so each eval's loss is the mean over every eval so far
@@ -681,6 +686,10 @@ def fit(cfg: DictConfig, log=None, probe: bool = True, attach=None, tracker=None
                 model.train()
         if t.resume_after and step == round(t.resume_after * t.steps):  # a checkpoint written,
             initial = resume(cfg, model)  # the run resumed from it, the EMA's state with it
+            if bug.scheduler_on_stale_optimizer:  # the resumed process trains a new optimizer
+                fresh = make_optimizer(cfg, model)  # object, its state loaded, while the LR
+                fresh.load_state_dict(optimizer.state_dict())  # scheduler still steps the old
+                optimizer = fresh  # one (EleutherAI/gpt-neox#1029, pytorch-lightning#12812)
             if ema is not None and bug.ema_not_resumed:  # EMA(model) registered from the new
                 ema.model.load_state_dict(initial)  # process's initial weights, before the
                 # checkpoint is loaded (BangLiu/QANet-PyTorch#4, PixArt-sigma#156)
@@ -696,6 +705,7 @@ def fit(cfg: DictConfig, log=None, probe: bool = True, attach=None, tracker=None
             t.batch if bug.eval_loss_last_batch else 0,
             t.batch if bug.eval_loss_over_dataset_size else 0,
             EVAL_LOADER_BATCH if bug.eval_drop_last else 0,
+            t.batch if bug.eval_loss_divided_in_loop else 0,
         )
         if log:
             log("eval_loss", last, t.steps)
