@@ -977,3 +977,23 @@ def frozen_yet_moved(names: Sequence[str]) -> list[Violation]:
         Violation("frozen_weights_stay", name, "its gradient was zero yet the step moved it")
         for name in names
     ]
+
+
+def batch_index_read(influence: float) -> list[Violation]:
+    """A model whose output for a row changes when only the row's place in the batch does: an
+    encoding indexed along the batch axis, most often a sequence-first positional encoding
+    (`x + pe[:x.size(0)]`, the PyTorch tutorial's) fed batch-first tensors, so each row gets
+    one position's encoding at every position: the positions go unencoded and the rows are
+    told apart by their index. In eval mode nothing healthy reads a row's index (a mixture of
+    experts that drops tokens over its capacity aside). `influence`: the rows' largest output
+    change over the largest output when every row moves one place; the tolerance FUTURE_TOL's.
+    Hook: the probe's step scan, once (runner/job/model_checks.py)."""
+    if influence <= FUTURE_TOL:
+        return []
+    return [
+        Violation(
+            "rows_read_alike_wherever_they_sit",
+            "the held-out batch, each row moved one place",
+            f"the rows' outputs moved by {influence:.2g} of their scale",
+        )
+    ]

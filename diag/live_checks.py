@@ -121,6 +121,9 @@ class LiveFacts:
     """(the id most often masked out of the loss at a real position and never counted as a
     target, its masked positions, all real positions masked) over the first steps
     (invariants.token_never_taught); None: no next-token targets read beside a mask."""
+    index_influence: float | None = None
+    """How far the rows' outputs moved when only their places in the held-out batch changed
+    (invariants.batch_index_read); None: not read."""
     row_influence: float | None = None
     """How far the held-out batch's last row's outputs moved when only its other rows' ids
     changed (invariants.rows_mixed); None: not read."""
@@ -489,6 +492,12 @@ def invariant_checks(facts: LiveFacts, rules: dict) -> list[Check]:
             rules["batch_first_mismatch"],
             facts.row_influence,
             invariants.rows_mixed,
+            f"move <= {invariants.FUTURE_TOL:g}",
+        ),
+        _measured(
+            rules["batch_index_encoded"],
+            facts.index_influence,
+            invariants.batch_index_read,
             f"move <= {invariants.FUTURE_TOL:g}",
         ),
         _measured(

@@ -297,6 +297,7 @@ class Checks(Strict):
     tied_head_untied: Invariant
     frozen_weights_decayed: Invariant
     attention_scale_wrong: Invariant
+    batch_index_encoded: Invariant
     attention_rows_unnormalised: Invariant
     scheduler_stepped_before_optimizer: Invariant
     logits_nonnegative: Invariant

@@ -1163,6 +1163,7 @@ NO_CARD_ROWS = {"noisy_labels", "noisy_labels_flat"} | {  # broken invariants: a
     "tied_head_untied",
     "scheduler_stepped_before_optimizer",
     "frozen_weights_decayed",
+    "batch_index_encoded",
     "attention_scale_wrong",
     "attention_rows_unnormalised",
     "logits_nonnegative",

@@ -62,6 +62,7 @@ PROBE_CHECKS = (
     "tied_head_untied",
     "scheduler_stepped_before_optimizer",
     "frozen_weights_decayed",
+    "batch_index_encoded",
     "attention_scale_wrong",
     "attention_rows_unnormalised",
     "logits_nonnegative",

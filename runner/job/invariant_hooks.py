@@ -274,6 +274,8 @@ class InvariantHooks:
         self.state_resets: list[int] = []
         """Optimizer steps at which the optimizer's own step count went back (its state reset)."""
         self.row_influence: float | None = None
+        self.index_influence: float | None = None
+        """The rows' output move when only their places in the batch change (model_checks)."""
         """The last row's output move when only the other rows change (model_checks)."""
         self.heldout_labels: tuple | None = None
         """The held-out batch's targets against its inputs (model_checks.heldout_label_offsets)."""

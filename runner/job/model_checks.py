@@ -14,11 +14,11 @@ the first scanned step (the model as initialised) for hyprun.diag.invariants:
 - the held-out targets against the held-out inputs: the reference the training targets are
   read against (labels_unpaired);
 - rows apart: a row's output does not move when only the batch's other rows change
-  (rows_mixed);
+  (rows_mixed), nor when only its place in the batch does (batch_index_read);
 - attention scaled and normalised: q.k divided by sqrt(head_dim), weights summing to one over
   the keys (attention_scale_wrong, attention_rows_unnormalised; runner/job/attention_reads.py).
 
-Eleven forwards per run without autograd, all in eval mode but one, inside a forked RNG: the
+Thirteen forwards per run without autograd, all in eval mode but one, inside a forked RNG: the
 training that follows draws the same random numbers as without them.
 """
 
@@ -71,6 +71,37 @@ def row_influence(model: nn.Module, batch: Any, loss: Callable[[Any], Any]) -> f
     changed = ids.clone()
     changed[:-1] = ids[:-1].roll(1, 1)
     return _output_move(model, batch, loss, changed, lambda out: out[-1])
+
+
+def index_influence(model: nn.Module, batch: Any, loss: Callable[[Any], Any]) -> float | None:
+    """How far each row's per-position output moves when only its place in the batch changes
+    (every per-row tensor of the batch rolled by one row, the outputs rolled back), over the
+    largest output. In eval mode a row's output is a function of that row alone, wherever it
+    sits. None: fewer than two distinct rows of (rows, positions) ids, or no module returned an
+    output per row and position."""
+    ids = input_ids(batch)
+    if ids is None or ids.shape[0] < 2 or torch.equal(ids, ids.roll(1, 0)):
+        return None
+    moved = _rows_rolled(batch, ids.shape[0])
+    with _evaluating(model):
+        before = _last_output(model, lambda: loss(batch), ids.shape)
+        after = _last_output(model, lambda: loss(moved), ids.shape)
+    if before is None or after is None or before.shape != after.shape:
+        return None
+    back = after.roll(-1, 0).float()
+    return float((before.float() - back).abs().max() / before.float().abs().max().clamp_min(1e-12))
+
+
+def _rows_rolled(batch: Any, rows: int) -> Any:
+    """The batch with every tensor of `rows` rows rolled by one row, same container types."""
+    if torch.is_tensor(batch):
+        return batch.roll(1, 0) if batch.dim() >= 1 and batch.shape[0] == rows else batch
+    if isinstance(batch, dict):
+        return type(batch)({k: _rows_rolled(v, rows) for k, v in batch.items()})
+    if isinstance(batch, list | tuple):
+        items = [_rows_rolled(v, rows) for v in batch]
+        return type(batch)(*items) if hasattr(batch, "_fields") else type(batch)(items)
+    return batch
 
 
 def _output_move(model: nn.Module, batch: Any, loss, changed: torch.Tensor, part) -> float | None:

@@ -552,6 +552,7 @@ class Probe:
         hooks.train_eval_scale = model_checks.train_eval_scale(self.model, loss)
         hooks.heldout_labels = model_checks.heldout_label_offsets(self.model, loss)
         hooks.row_influence = model_checks.row_influence(self.model, batch, self._loss)
+        hooks.index_influence = model_checks.index_influence(self.model, batch, self._loss)
         hooks.attention = model_checks.attention(self.model, loss)
 
     def _scan_stops(self, reason: str) -> dict[str, float]:
@@ -1125,6 +1126,7 @@ def read_invariants(
     facts.label_reads = list(hooks.label_reads)
     facts.heldout_labels = hooks.heldout_labels
     facts.row_influence = hooks.row_influence
+    facts.index_influence = hooks.index_influence
     if hooks.heldout_ids is not None and hooks.train_id_max is not None:
         beyond = int((hooks.heldout_ids > hooks.train_id_max).sum())
         facts.ids_beyond_training = (beyond, hooks.heldout_ids.numel())
