@@ -126,6 +126,10 @@ class Pattern(Strict):
     """Extra features whose numbers the finding carries for context."""
     severity_feature: str | None = None
     """A feature whose numeric value is the severity, instead of the conditions' ratios."""
+    flatters_loss: bool = False
+    """The cause makes the run's reported loss read better than the model's (a wrong
+    normaliser): a test that removes it is judged by the row no longer firing, not by the loss
+    it stopped flattering (runner/control/verdicts.py, leaks_removed)."""
     source: str = ""
     """The file the row came from (for messages; set by the loader, not written in YAML)."""
 
@@ -443,6 +447,17 @@ def _fire(row: Pattern, feats: Features) -> Finding | None:
 def fire(rows: list[Pattern], feats: Features) -> list[Finding]:
     """The rows whose conditions hold on `feats`, as findings (unranked)."""
     return [finding for row in rows if (finding := _fire(row, feats)) is not None]
+
+
+def flattering_row_ids(tables_dir: Path | str = TABLES_DIR) -> set[str]:
+    """The rows marked flatters_loss."""
+    return {row.id for row in load_tables(tables_dir) if row.flatters_loss}
+
+
+def flattering_rows_fired(evidence: Evidence, tables_dir: Path | str = TABLES_DIR) -> set[str]:
+    """The ids of the rows marked flatters_loss whose conditions hold on this run."""
+    rows = [row for row in load_tables(tables_dir) if row.flatters_loss]
+    return {finding.id for finding in fire(rows, features(evidence))}
 
 
 def _static_fallback(evidence: Evidence, rows: list[Pattern], feats: Features) -> list[Finding]:

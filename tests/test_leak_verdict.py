@@ -2,7 +2,10 @@
 loop with its causal mask missing reads a loss far better than the model is; switching the mask
 back on reads worse, and the controller confirms it because the leak's invariant
 (causal_mask_missing, static.yaml flatters_loss) failed in every baseline seed and holds in every
-seed of the test. A test that leaves the leak in place is judged by its metric alone."""
+seed of the test. A test that leaves the leak in place is judged by its metric alone. So too a
+table row marked flatters_loss: the eval loss divided by the batch count inside the batch loop
+reads far below the model's loss (eval_loss_wrong_normaliser), and dividing once after it reads
+worse, confirmed because the row fired in every baseline seed and in no seed of the test."""
 
 from __future__ import annotations
 
@@ -32,4 +35,15 @@ def test_the_code_fix_of_a_leak_is_confirmed_though_the_loss_reads_worse(workdir
     (code_fix,) = [t for t in store.find(row.id).tests if t.number == 1]
     assert code_fix.tags["hyprun.verdict"] == "confirmed"
     assert "removes a leak: causal_mask_missing" in code_fix.tags["hyprun.reason"]
+    assert code_fix.tags["hyprun.strike"] == "false"
+
+
+def test_the_code_fix_of_a_wrong_eval_normaliser_is_confirmed_by_the_row_going_quiet(workdir):
+    row = next(r for r in all_rows() if r.id == "eval_loss_divided_in_loop")
+    result = run_row(row, workdir)
+    assert result["error"] is None and result["rank"] == 1
+    assert result["confirmed"] == f"{row.switch}=false"
+    store = Store(f"sqlite:///{workdir.resolve()}/mlflow.db", "bench-corpus")
+    (code_fix,) = [t for t in store.find(row.id).tests if t.number == 1]
+    assert "removes a leak: eval_loss_wrong_normaliser" in code_fix.tags["hyprun.reason"]
     assert code_fix.tags["hyprun.strike"] == "false"

@@ -15,9 +15,11 @@ from hyprun.diag.live_checks import read_l0_tags
 from hyprun.diag.metric import MetricSpec
 from hyprun.diag.rules import static_table
 from hyprun.diag.sequential import Design
+from hyprun.diag.triage import flattering_row_ids, flattering_rows_fired
 from hyprun.diag.verdict import compare
 from hyprun.runner.compose import one_line
 from hyprun.runner.control.context import DEFAULT_PRIMARY, Outcome, console
+from hyprun.runner.control.diagnose import read_evidence
 from hyprun.runner.control.early import seed_curves
 from hyprun.runner.control.escalation import escalate
 from hyprun.runner.control.standing import settle
@@ -67,20 +69,25 @@ def decide(
 
 
 def leaks_removed(store: Store, baseline_runs: list[str], test_runs: list[str]) -> list[str]:
-    """The L0 checks whose violation flatters the loss (static.yaml, flatters_loss) that failed
-    in every baseline seed and hold in every seed of the test: the test removed that leak."""
+    """The leaks every baseline seed showed and every seed of the test is free of: the L0
+    checks whose violation flatters the loss (static.yaml, flatters_loss) failed in each
+    baseline seed and pass in each test seed, and the table rows marked flatters_loss (a wrong
+    eval normaliser) fired in each baseline seed and in no test seed."""
     leaks = {name for name, rule in static_table()["checks"].items() if rule.get("flatters_loss")}
+    rows = flattering_row_ids()
 
     def statuses(run_id: str) -> dict[str, str]:
         checks = read_l0_tags(store.run(run_id).data.tags)
-        return {check["id"]: check["status"] for check in checks if check["id"] in leaks}
+        found = {check["id"]: check["status"] for check in checks if check["id"] in leaks}
+        fired = flattering_rows_fired(read_evidence(store.uri, run_id)[0]) if rows else set()
+        return found | {row: "fail" if row in fired else "pass" for row in rows}
 
     before, after = [statuses(r) for r in baseline_runs], [statuses(r) for r in test_runs]
     if not before or not after:
         return []
     return sorted(
         leak
-        for leak in leaks
+        for leak in leaks | rows
         if all(seed.get(leak) == "fail" for seed in before)
         and all(seed.get(leak) == "pass" for seed in after)
     )
