@@ -97,11 +97,16 @@ def test_targets_must_be_the_next_tokens():
     assert inv.labels_misaligned([repetitive]) == []
 
 
-def test_an_lr_that_collapses_in_the_first_half_is_a_broken_schedule():
+def test_an_lr_that_collapses_before_the_last_quarter_is_a_broken_schedule():
     cosine = [0.5 * (1 + math.cos(math.pi * s / 100)) for s in range(100)]  # ends near 0
     assert inv.schedule_collapse(cosine, 100) == []
     per_epoch_step_lr = [0.5 ** (s // 50) for s in range(100)]  # StepLR(gamma .5) per epoch
     assert inv.schedule_collapse(per_epoch_step_lr, 100) == []
+    milestones = [0.1 ** sum(s >= m for m in (30, 60, 80)) for s in range(100)]  # 1e-3 at 80%
+    assert inv.schedule_collapse(milestones, 100) == []
+    gamma_zero = [0.0 if s >= 55 else 1.0 for s in range(100)]  # StepLR(gamma=0) off at 55%
+    (violation,) = inv.schedule_collapse(gamma_zero, 100)
+    assert violation.where == "step 55 of 100"
     per_batch = [0.5**s for s in range(100)]  # the same StepLR stepped per batch
     (violation,) = inv.schedule_collapse(per_batch, 100)
     assert violation.where == "step 10 of 100"  # 0.5^10 < 1e-3
