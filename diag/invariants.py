@@ -1004,3 +1004,24 @@ def batch_index_read(influence: float) -> list[Violation]:
             f"the rows' outputs moved by {influence:.2g} of their scale",
         )
     ]
+
+
+def stream_dropped(shares: Mapping[str, float], rate: float) -> list[Violation]:
+    """Norm layers that read the residual stream with exact zeros at half the model's dropout
+    rate or more in train mode (over eval mode): the dropout is applied to the stream itself
+    (x = dropout(x + f(x))) instead of to each branch's output before the add (x = x +
+    dropout(f(x))), so a share of the stream is zeroed at every layer and what the layers
+    before computed is lost with it (hyunwoongko/transformer#8). Dropout on branches leaves a
+    zero only where every term of the sum was dropped at once (rate squared or less: below half
+    the rate for rates under 0.5, the only ones judged). `shares`: by norm layer after the
+    first, the zero share in train mode less that in eval mode; `rate`: the largest rate of the
+    model's dropout modules. Hook: the probe's step scan, once (model_checks.stream_zeros)."""
+    return [
+        Violation(
+            "dropout_on_branches_only",
+            name,
+            f"{share:.0%} of the stream it reads is zero in train mode (dropout rate {rate:g})",
+        )
+        for name, share in shares.items()
+        if share >= rate / 2
+    ]

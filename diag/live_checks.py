@@ -121,6 +121,9 @@ class LiveFacts:
     """(the id most often masked out of the loss at a real position and never counted as a
     target, its masked positions, all real positions masked) over the first steps
     (invariants.token_never_taught); None: no next-token targets read beside a mask."""
+    stream_zeros: dict[str, float] | None = None
+    """By norm layer after the first called: the share of exact zeros in its input in a
+    train-mode forward over that in eval mode (invariants.stream_dropped); None: not read."""
     index_influence: float | None = None
     """How far the rows' outputs moved when only their places in the held-out batch changed
     (invariants.batch_index_read); None: not read."""
@@ -493,6 +496,11 @@ def invariant_checks(facts: LiveFacts, rules: dict) -> list[Check]:
             facts.row_influence,
             invariants.rows_mixed,
             f"move <= {invariants.FUTURE_TOL:g}",
+        ),
+        _judged(
+            rules["dropout_on_residual_stream"],
+            facts.stream_zeros if facts.dropout_max and facts.dropout_max[0] < 0.5 else None,
+            lambda shares: invariants.stream_dropped(shares, facts.dropout_max[0]),
         ),
         _measured(
             rules["batch_index_encoded"],

@@ -298,6 +298,7 @@ class Checks(Strict):
     frozen_weights_decayed: Invariant
     attention_scale_wrong: Invariant
     batch_index_encoded: Invariant
+    dropout_on_residual_stream: Invariant
     attention_rows_unnormalised: Invariant
     scheduler_stepped_before_optimizer: Invariant
     logits_nonnegative: Invariant

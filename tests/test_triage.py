@@ -1164,6 +1164,7 @@ NO_CARD_ROWS = {"noisy_labels", "noisy_labels_flat"} | {  # broken invariants: a
     "scheduler_stepped_before_optimizer",
     "frozen_weights_decayed",
     "batch_index_encoded",
+    "dropout_on_residual_stream",
     "attention_scale_wrong",
     "attention_rows_unnormalised",
     "logits_nonnegative",

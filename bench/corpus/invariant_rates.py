@@ -63,6 +63,7 @@ PROBE_CHECKS = (
     "scheduler_stepped_before_optimizer",
     "frozen_weights_decayed",
     "batch_index_encoded",
+    "dropout_on_residual_stream",
     "attention_scale_wrong",
     "attention_rows_unnormalised",
     "logits_nonnegative",

@@ -275,6 +275,8 @@ class InvariantHooks:
         """Optimizer steps at which the optimizer's own step count went back (its state reset)."""
         self.row_influence: float | None = None
         self.index_influence: float | None = None
+        self.stream_zeros: dict[str, float] | None = None
+        """By later norm layer: the train-mode share of exact zeros it reads over eval's."""
         """The rows' output move when only their places in the batch change (model_checks)."""
         """The last row's output move when only the other rows change (model_checks)."""
         self.heldout_labels: tuple | None = None

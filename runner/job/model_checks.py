@@ -15,10 +15,12 @@ the first scanned step (the model as initialised) for hyprun.diag.invariants:
   read against (labels_unpaired);
 - rows apart: a row's output does not move when only the batch's other rows change
   (rows_mixed), nor when only its place in the batch does (batch_index_read);
+- dropout on the branches: the stream a later norm layer reads holds no more exact zeros in
+  train mode than in eval mode (stream_dropped);
 - attention scaled and normalised: q.k divided by sqrt(head_dim), weights summing to one over
   the keys (attention_scale_wrong, attention_rows_unnormalised; runner/job/attention_reads.py).
 
-Thirteen forwards per run without autograd, all in eval mode but one, inside a forked RNG: the
+Fifteen forwards per run without autograd, all in eval mode but one, inside a forked RNG: the
 training that follows draws the same random numbers as without them.
 """
 
@@ -251,6 +253,44 @@ def _norm_input_rms(model, norms, loss, training: bool) -> dict[int, float]:
             found[id(module)] = float(args[0].detach().float().pow(2).mean().sqrt())
 
     handles = [norm.register_forward_pre_hook(read) for norm in norms]
+    try:
+        with _evaluating(model):
+            model.train(training)
+            torch.manual_seed(0)
+            loss()
+    finally:
+        for handle in handles:
+            handle.remove()
+    return found
+
+
+def stream_zeros(model: nn.Module, loss: Callable[[], Any]) -> dict[str, float] | None:
+    """By per-position norm layer, all but the first one called: the share of exact zeros in
+    the input it reads in a train-mode forward, less that share in an eval-mode forward of the
+    same batch at the same weights (no autograd, the RNG forked). Dropout on a branch's output
+    leaves none in the stream once the branch is added to it; dropout on the stream itself
+    leaves its rate. The first norm layer reads the embedding, which a model may drop on
+    purpose. None: fewer than two norm layers called."""
+    names = {id(module): name for name, module in model.named_modules() if is_norm(module)}
+    train = _norm_input_zeros(model, names, loss, training=True)
+    evaluation = _norm_input_zeros(model, names, loss, training=False)
+    later = list(train)[1:]
+    if not later:
+        return None
+    return {name: train[name] - evaluation.get(name, 0.0) for name in later}
+
+
+def _norm_input_zeros(model, names: dict[int, str], loss, training: bool) -> dict[str, float]:
+    """By norm layer, in the order first called: the share of exact zeros in its first input
+    in one forward in the given mode."""
+    found: dict[str, float] = {}
+
+    def read(module, args) -> None:
+        name = names[id(module)]
+        if args and torch.is_tensor(args[0]) and name not in found:
+            found[name] = float((args[0].detach() == 0).float().mean())
+
+    handles = [m.register_forward_pre_hook(read) for m in model.modules() if id(m) in names]
     try:
         with _evaluating(model):
             model.train(training)

@@ -554,6 +554,7 @@ class Probe:
         hooks.row_influence = model_checks.row_influence(self.model, batch, self._loss)
         hooks.index_influence = model_checks.index_influence(self.model, batch, self._loss)
         hooks.attention = model_checks.attention(self.model, loss)
+        hooks.stream_zeros = model_checks.stream_zeros(self.model, loss)
 
     def _scan_stops(self, reason: str) -> dict[str, float]:
         self.scan_off = reason
@@ -1127,6 +1128,7 @@ def read_invariants(
     facts.heldout_labels = hooks.heldout_labels
     facts.row_influence = hooks.row_influence
     facts.index_influence = hooks.index_influence
+    facts.stream_zeros = hooks.stream_zeros
     if hooks.heldout_ids is not None and hooks.train_id_max is not None:
         beyond = int((hooks.heldout_ids > hooks.train_id_max).sum())
         facts.ids_beyond_training = (beyond, hooks.heldout_ids.numel())

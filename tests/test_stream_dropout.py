@@ -1,0 +1,105 @@
+"""Dropout on the residual stream itself (diag/invariants.py stream_dropped;
+hyunwoongko/transformer#8).
+
+`x = dropout(x + f(x))` zeroes a share of the stream at every layer; `x = x + dropout(f(x))`
+leaves a zero only where every term of the sum was dropped at once. Read on the norm layers
+after the first (the first reads the embedding, which GPT-2 drops on purpose), train mode over
+eval mode. Through the probe of a plain loop both ways, and on Hugging Face's GPT-2 and BERT as
+shipped (dropout 0.1 on the embeddings and every branch)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import BertConfig, BertForMaskedLM, GPT2Config, GPT2LMHeadModel
+
+from hyprun.diag.evidence import Evidence
+from hyprun.diag.live_checks import LiveFacts, live_checks
+from hyprun.diag.triage import triage
+from tests.helpers import probed_checks
+
+VOCAB, SEQ, WIDTH = 32, 8, 16
+CHECK = "dropout_on_residual_stream"
+
+
+class Block(nn.Module):
+    """A pre-norm residual MLP block with dropout 0.1, on its branch or (`on_stream`) on the
+    sum."""
+
+    def __init__(self, on_stream: bool):
+        super().__init__()
+        self.on_stream = on_stream
+        self.norm = nn.LayerNorm(WIDTH)
+        wide = 2 * WIDTH
+        self.mlp = nn.Sequential(nn.Linear(WIDTH, wide), nn.GELU(), nn.Linear(wide, WIDTH))
+        self.drop = nn.Dropout(0.1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.on_stream:
+            return self.drop(x + self.mlp(self.norm(x)))
+        return x + self.drop(self.mlp(self.norm(x)))
+
+
+class Stack(nn.Module):
+    def __init__(self, on_stream: bool):
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, WIDTH)
+        self.blocks = nn.ModuleList([Block(on_stream) for _ in range(2)])
+        self.head = nn.Linear(WIDTH, VOCAB)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed(ids)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+def loss_of(model: nn.Module, batch: torch.Tensor) -> torch.Tensor:
+    if isinstance(model, GPT2LMHeadModel | BertForMaskedLM):
+        return model(input_ids=batch, labels=batch).loss
+    logits = model(batch[:, :-1])
+    return F.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten())
+
+
+def batch(seed: int) -> torch.Tensor:
+    return torch.randint(VOCAB, (4, SEQ + 1), generator=torch.Generator().manual_seed(seed))
+
+
+def check_of(model: nn.Module) -> dict:
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    batches = [batch(seed) for seed in range(4)]
+    return probed_checks(model, optimizer, loss_of, batches, batch(99))[CHECK]
+
+
+@pytest.mark.parametrize(("on_stream", "status"), [(True, "fail"), (False, "pass")])
+def test_dropout_on_the_sum_fails_and_on_the_branch_passes(uri, on_stream, status):
+    torch.manual_seed(0)
+    check = check_of(Stack(on_stream))
+    assert check["status"] == status, check
+
+
+@pytest.mark.parametrize("family", ["gpt2", "bert"])
+def test_hugging_face_models_as_shipped_pass(uri, family):
+    torch.manual_seed(0)
+    if family == "gpt2":
+        model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=WIDTH, n_head=2, vocab_size=VOCAB))
+    else:
+        config = BertConfig(
+            vocab_size=VOCAB,
+            hidden_size=WIDTH,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=32,
+        )
+        model = BertForMaskedLM(config)
+    assert check_of(model)["status"] == "pass"
+
+
+def test_the_violation_is_the_finding_of_its_id():
+    facts = LiveFacts(optimizer="AdamW", peak_lr=1e-3, first_lr=1e-4, second_lr=2e-4)
+    facts.dropout_max = (0.1, ["blocks.0.drop"])
+    facts.stream_zeros = {"blocks.1.norm": 0.1}
+    checks = [check.__dict__ for check in live_checks(facts)]
+    assert [f.id for f in triage(Evidence(static=checks)).findings] == [CHECK]
