@@ -38,6 +38,13 @@ np.uint16's 65536 was for a 119547-token vocabulary."""
 FIRST_TOKEN = PAD + 1
 """The first real token's id (bug.padding_idx_real_token): the id an embedding numbered from 0
 without a padding token gives its first entry, taken as padding_idx."""
+WARMUP_RATIO_DEFAULT = 0.0
+"""The warmup_ratio option's default (bug.warmup_ratio_overrides_steps): `>= 0` passes for it, so
+the warmup steps are recomputed as int(0.0 * t_total) = 0."""
+EPOCH_BREAK_SHARE = 0.25
+"""The share of an epoch's batches that run before a debugging break ends it
+(bug.epoch_break_left_in): the break sat in the progress block, at the first progress report, a
+quarter of the epoch here (32 of its 128 batches)."""
 EVAL_LOADER_BATCH = 48
 """The validation loader's batch (bug.eval_drop_last): 48 does not divide the 128 held-out rows,
 so drop_last=True leaves the last 32 rows out of every evaluation."""
@@ -184,6 +191,20 @@ def warmup_linear_schedule(cfg: DictConfig, optimizer) -> torch.optim.lr_schedul
     t_total, share = cfg.train.steps, cfg.sched.warmup / cfg.train.steps
     if cfg.bug.warmup_linear_past_t_total:  # num_train_optimization_steps short of the steps run
         t_total = steps_per_epoch(cfg)
+    if cfg.bug.warmup_ratio_overrides_steps:  # if args.warmup_ratio >= 0: num_warmup_steps =
+        share = WARMUP_RATIO_DEFAULT  # int(warmup_ratio * t_total), the ratio's default 0
+        # overriding the warmup steps set (allenai/open-instruct PR 579)
+    if cfg.bug.warmup_total_swapped:  # get_linear_schedule_with_warmup(optimizer,
+        warmup, training = t_total, cfg.sched.warmup  # num_warmup_steps=t_total,
+        # num_training_steps=warmup): the two assignments interchanged
+        # (WasifurRahman/BERT_multimodal_transformer PR 22)
+
+        def swapped(step: int) -> float:  # transformers' linear schedule with warmup
+            if step < warmup:
+                return step / max(1, warmup)
+            return max(0.0, (training - step) / max(1, training - warmup))
+
+        return torch.optim.lr_scheduler.LambdaLR(optimizer, swapped)
 
     def warmup_linear(step: int) -> float:
         x = (step + 1) / t_total  # BertAdam counts its steps from 1
@@ -296,6 +317,9 @@ def make_optimizer(cfg: DictConfig, model: torch.nn.Module) -> torch.optim.Optim
         return torch.optim.SGD(params, o.lr, o.weight_decay)  # 3rd is momentum (YudeWang/SEAM#21)
     if o.name == "sgd":
         return torch.optim.SGD(params, lr=o.lr, momentum=o.momentum, weight_decay=o.weight_decay)
+    if bug.optimizer_lr_not_passed:  # optim.AdamW(params, weight_decay=...): the configured LR
+        return torch.optim.AdamW(params, weight_decay=o.weight_decay)  # never passed, AdamW's
+        # default 1e-3 used (david-vazquez/mcv-m5 PR 7)
     if bug.adam_l2_not_decoupled:  # Adam's weight_decay: an L2 term added to the gradient,
         return torch.optim.Adam(params, lr=o.lr, weight_decay=o.weight_decay)  # (robosat#166)
     if bug.adam_eps_too_large:  # eps=0.1 where 1e-8 was meant (mlpnlp/mlpnlp-nmt#4)
@@ -618,6 +642,12 @@ def fit(cfg: DictConfig, log=None, probe: bool = True, attach=None, tracker=None
         if bug.optimizer_step_missing:
             pass  # backward, scheduler step and zero_grad, no optimizer.step() between them
             # (tedlasai/learn2refocus#5)
+        elif bug.epoch_break_left_in and (step - 1) % steps_per_epoch >= max(
+            1, int(EPOCH_BREAK_SHARE * steps_per_epoch)
+        ):
+            pass  # a `break` left in the progress block ends each epoch after its first batches:
+            # the rest of the epoch never trains (avinashpaliwal/Super-SloMo#3, Perceiver-Music-
+            # Generation#1)
         elif bug.optimizer_step_per_epoch and step % steps_per_epoch != 0:
             pass  # step() under the epoch loop, after its batches: one step an epoch (XinyiYS/
             # Gradient-Driven-Rewards-to-Guarantee-Fairness-in-Collaborative-Machine-Learning#3)
