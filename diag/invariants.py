@@ -54,10 +54,13 @@ is read as frozen by mistake: an L0 warning (fine-tuning freezes most parameters
 that becomes a finding only with the harm it predicts (a flat loss)."""
 WARMUP_REACH = 0.5
 """Share of the schedule's set LR (a torch scheduler's `initial_lr`, OneCycle's `max_lr`) the LR
-must reach within the first half of the run. A linear warmup of W steps reaches half of it at
-W/2, so staying below it until the run's midpoint means a warmup at least as long as the whole
-run (its length in samples, tokens or epochs read as steps), or a warmup scheduler never
-stepped (its first factor, often 0, kept). Recipes warm up over 0-10% of the run."""
+must reach within the first WARMUP_WINDOW of the run. A linear warmup of W steps reaches half of
+it at W/2, so staying below it through the first quarter means a warmup longer than half the
+run (its length in samples, tokens or epochs read as steps, its length and the run's swapped),
+or a warmup scheduler never stepped (its first factor, often 0, kept). Recipes warm up over
+0-10% of the run, 20% at most; OneCycle's rise (30% by default) is past half by then."""
+WARMUP_WINDOW = 0.25
+"""The share of the run within which the LR must reach WARMUP_REACH of its set value."""
 LOST_UPDATE_SHARE = 0.1
 """Share of the elements with a non-zero gradient that an optimizer step left bit for bit as
 they were, above which the updates are rounding away. An update is lost when it is below half
@@ -555,10 +558,10 @@ def schedule_collapse(lrs: Sequence[float], total_steps: int) -> list[Violation]
 
 
 def warmup_never_ends(lrs: Sequence[float], total_steps: int, set_lr: float) -> list[Violation]:
-    """Through the first half of the run the LR stayed below WARMUP_REACH of the LR its
+    """Through the first WARMUP_WINDOW of the run the LR stayed below WARMUP_REACH of the LR its
     schedule was set to. `lrs`: the LR applied at each step so far (param group 0); judged once
-    the run is past its midpoint. Hook: after each step."""
-    half = total_steps // 2
+    the run is past that window. Hook: after each step."""
+    half = int(total_steps * WARMUP_WINDOW)
     if set_lr <= 0 or len(lrs) <= half:
         return []
     reached = max(lrs[: half + 1])

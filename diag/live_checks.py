@@ -528,9 +528,10 @@ def _step_forwards(facts: LiveFacts, rule: dict) -> Check:
 
 
 def _warmup_reach(facts: LiveFacts) -> list[invariants.Violation] | None:
-    """The LR against its set value over the first half of the run: judged once the run, of a
-    known length, is past its midpoint."""
-    if not facts.total_steps or len(facts.lrs) <= facts.total_steps // 2:
+    """The LR against its set value over the run's first WARMUP_WINDOW: judged once the run, of
+    a known length, is past it."""
+    window = int((facts.total_steps or 0) * invariants.WARMUP_WINDOW)
+    if not facts.total_steps or len(facts.lrs) <= window:
         return None
     return invariants.warmup_never_ends(facts.lrs, facts.total_steps, facts.peak_lr)
 

@@ -337,8 +337,12 @@ def test_the_warmup_reach_lost_update_and_symmetry_checks_judge_their_facts_and_
     assert by_id(healthy_facts(lrs=endless, total_steps=100))["warmup_never_ends"] == "fail"
     warmed = [set_lr * min(1.0, (step + 1) / 10) for step in range(60)]
     assert by_id(healthy_facts(lrs=warmed, total_steps=100))["warmup_never_ends"] == "pass"
-    halfway = healthy_facts(lrs=endless[:40], total_steps=100)  # the first half not done
-    assert by_id(halfway)["warmup_never_ends"] == "skip"
+    swapped = [set_lr * (step + 1) / 100 for step in range(60)]  # warmup and run swapped
+    assert by_id(healthy_facts(lrs=swapped, total_steps=100))["warmup_never_ends"] == "fail"
+    a_fifth = [set_lr * min(1.0, (step + 1) / 20) for step in range(60)]  # over 20% of the run
+    assert by_id(healthy_facts(lrs=a_fifth, total_steps=100))["warmup_never_ends"] == "pass"
+    early = healthy_facts(lrs=endless[:25], total_steps=100)  # the first quarter not done
+    assert by_id(early)["warmup_never_ends"] == "skip"
     assert by_id(healthy_facts(lost_updates=(0, 1000)))["updates_below_precision"] == "pass"
     assert by_id(healthy_facts(lost_updates=(900, 1000)))["updates_below_precision"] == "fail"
     for facts, finding in [
