@@ -1028,3 +1028,23 @@ def stream_dropped(shares: Mapping[str, float], rate: float) -> list[Violation]:
         for name, share in shares.items()
         if share >= rate / 2
     ]
+
+
+def padding_read(influence: float) -> list[Violation]:
+    """A model whose outputs at real positions change when only the padding does: the padding
+    is attended, its mask inverted (Hugging Face's 1 = attend handed to torch's
+    key_padding_mask, where True = ignore), never passed to the model, or passed where left
+    padding puts pads before real tokens, so each output depends on how its row was padded.
+    In eval mode a masked key gets exactly zero weight. `influence`: the largest change of the
+    real positions' outputs, over their largest magnitude, when noise is added to the padded
+    positions' embeddings (the ids kept); the tolerance FUTURE_TOL's. Hook: the probe's step
+    scan, once (runner/job/model_checks.py)."""
+    if influence <= FUTURE_TOL:
+        return []
+    return [
+        Violation(
+            "padding_never_read",
+            "the held-out batch, its padded embeddings changed",
+            f"the real positions' outputs moved by {influence:.2g} of their scale",
+        )
+    ]

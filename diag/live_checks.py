@@ -121,6 +121,9 @@ class LiveFacts:
     """(the id most often masked out of the loss at a real position and never counted as a
     target, its masked positions, all real positions masked) over the first steps
     (invariants.token_never_taught); None: no next-token targets read beside a mask."""
+    padding_influence: float | None = None
+    """How far the outputs at real positions moved when only the embeddings at padded positions
+    changed (invariants.padding_read); None: no padding read."""
     stream_zeros: dict[str, float] | None = None
     """By norm layer after the first called: the share of exact zeros in its input in a
     train-mode forward over that in eval mode (invariants.stream_dropped); None: not read."""
@@ -495,6 +498,12 @@ def invariant_checks(facts: LiveFacts, rules: dict) -> list[Check]:
             rules["batch_first_mismatch"],
             facts.row_influence,
             invariants.rows_mixed,
+            f"move <= {invariants.FUTURE_TOL:g}",
+        ),
+        _measured(
+            rules["padding_attended"],
+            facts.padding_influence,
+            invariants.padding_read,
             f"move <= {invariants.FUTURE_TOL:g}",
         ),
         _judged(

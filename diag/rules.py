@@ -299,6 +299,7 @@ class Checks(Strict):
     attention_scale_wrong: Invariant
     batch_index_encoded: Invariant
     dropout_on_residual_stream: Invariant
+    padding_attended: Invariant
     attention_rows_unnormalised: Invariant
     scheduler_stepped_before_optimizer: Invariant
     logits_nonnegative: Invariant

@@ -1165,6 +1165,7 @@ NO_CARD_ROWS = {"noisy_labels", "noisy_labels_flat"} | {  # broken invariants: a
     "frozen_weights_decayed",
     "batch_index_encoded",
     "dropout_on_residual_stream",
+    "padding_attended",
     "attention_scale_wrong",
     "attention_rows_unnormalised",
     "logits_nonnegative",

@@ -64,6 +64,7 @@ PROBE_CHECKS = (
     "frozen_weights_decayed",
     "batch_index_encoded",
     "dropout_on_residual_stream",
+    "padding_attended",
     "attention_scale_wrong",
     "attention_rows_unnormalised",
     "logits_nonnegative",

@@ -276,6 +276,8 @@ class InvariantHooks:
         self.row_influence: float | None = None
         self.index_influence: float | None = None
         self.stream_zeros: dict[str, float] | None = None
+        self.padding_influence: float | None = None
+        """The real positions' output move when only padded embeddings change (model_checks)."""
         """By later norm layer: the train-mode share of exact zeros it reads over eval's."""
         """The rows' output move when only their places in the batch change (model_checks)."""
         """The last row's output move when only the other rows change (model_checks)."""

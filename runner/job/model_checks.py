@@ -15,12 +15,14 @@ the first scanned step (the model as initialised) for hyprun.diag.invariants:
   read against (labels_unpaired);
 - rows apart: a row's output does not move when only the batch's other rows change
   (rows_mixed), nor when only its place in the batch does (batch_index_read);
+- padding unread: the outputs at real positions do not move when only the embeddings at padded
+  positions change (padding_read);
 - dropout on the branches: the stream a later norm layer reads holds no more exact zeros in
   train mode than in eval mode (stream_dropped);
 - attention scaled and normalised: q.k divided by sqrt(head_dim), weights summing to one over
   the keys (attention_scale_wrong, attention_rows_unnormalised; runner/job/attention_reads.py).
 
-Fifteen forwards per run without autograd, all in eval mode but one, inside a forked RNG: the
+Seventeen forwards per run without autograd, all in eval mode but one, inside a forked RNG: the
 training that follows draws the same random numbers as without them.
 """
 
@@ -92,6 +94,55 @@ def index_influence(model: nn.Module, batch: Any, loss: Callable[[Any], Any]) ->
         return None
     back = after.roll(-1, 0).float()
     return float((before.float() - back).abs().max() / before.float().abs().max().clamp_min(1e-12))
+
+
+def padding_influence(
+    model: nn.Module,
+    batch: Any,
+    loss: Callable[[Any], Any],
+    embedding: nn.Module | None,
+    pad_id: int | None,
+) -> float | None:
+    """How far the outputs at real positions move when only the token embeddings at padded
+    positions change (noise the size of the embeddings added there, the ids kept, so a mask the
+    model derives from them stays as it was), over the largest of those outputs. Padding: where
+    the batch's attention_mask is 0, else each row's leading or trailing run of `pad_id`. None:
+    no padded position beside real ones, no token embedding, or no output per position."""
+    ids = input_ids(batch)
+    padded = _padding(batch, ids, pad_id) if ids is not None else None
+    if embedding is None or padded is None or not padded.any() or padded.all():
+        return None
+
+    def noisy(module, args, output):
+        if not torch.is_tensor(output) or output.dim() != 3 or output.shape[0] != ids.shape[0]:
+            return output
+        where = padded[:, : output.shape[1]].unsqueeze(-1).to(output.device)
+        noise = torch.randn(output.shape, generator=torch.Generator().manual_seed(0))
+        return output + where * noise.to(output) * output.float().std().to(output.dtype)
+
+    with _evaluating(model):
+        before = _last_output(model, lambda: loss(batch), ids.shape)
+        handle = embedding.register_forward_hook(noisy)
+        try:
+            after = _last_output(model, lambda: loss(batch), ids.shape)
+        finally:
+            handle.remove()
+    if before is None or after is None or before.shape != after.shape:
+        return None
+    real = ~padded[:, : before.shape[1]].to(before.device)
+    kept, moved = before.float()[real], after.float()[real]
+    return float((kept - moved).abs().max() / kept.abs().max().clamp_min(1e-12))
+
+
+def _padding(batch: Any, ids: torch.Tensor, pad_id: int | None) -> torch.Tensor | None:
+    """(rows, positions) True at padding: the batch's attention_mask == 0, else each row's
+    leading or trailing run of pad_id (invariant_hooks.padding_mask); None: neither is there."""
+    from hyprun.runner.job.invariant_hooks import padding_mask
+
+    mask = batch.get("attention_mask") if isinstance(batch, dict) else None
+    if torch.is_tensor(mask) and mask.shape == ids.shape:
+        return mask == 0
+    return padding_mask(ids, pad_id) == 0 if pad_id is not None else None
 
 
 def _rows_rolled(batch: Any, rows: int) -> Any:

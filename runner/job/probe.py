@@ -555,6 +555,9 @@ class Probe:
         hooks.index_influence = model_checks.index_influence(self.model, batch, self._loss)
         hooks.attention = model_checks.attention(self.model, loss)
         hooks.stream_zeros = model_checks.stream_zeros(self.model, loss)
+        hooks.padding_influence = model_checks.padding_influence(
+            self.model, batch, self._loss, _input_embedding(self.model), hooks.pad_id
+        )
 
     def _scan_stops(self, reason: str) -> dict[str, float]:
         self.scan_off = reason
@@ -1129,6 +1132,7 @@ def read_invariants(
     facts.row_influence = hooks.row_influence
     facts.index_influence = hooks.index_influence
     facts.stream_zeros = hooks.stream_zeros
+    facts.padding_influence = hooks.padding_influence
     if hooks.heldout_ids is not None and hooks.train_id_max is not None:
         beyond = int((hooks.heldout_ids > hooks.train_id_max).sum())
         facts.ids_beyond_training = (beyond, hooks.heldout_ids.numel())
