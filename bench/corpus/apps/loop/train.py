@@ -320,6 +320,9 @@ def make_optimizer(cfg: DictConfig, model: torch.nn.Module) -> torch.optim.Optim
     if bug.optimizer_lr_not_passed:  # optim.AdamW(params, weight_decay=...): the configured LR
         return torch.optim.AdamW(params, weight_decay=o.weight_decay)  # never passed, AdamW's
         # default 1e-3 used (david-vazquez/mcv-m5 PR 7)
+    if bug.weight_decay_not_passed:  # optim.AdamW(params, lr=lr, weight_decay=0.0): the configured
+        return torch.optim.AdamW(params, lr=o.lr, weight_decay=0.0)  # decay never reaches it
+        # (meta-llama/llama-cookbook#191, salesforce/ALPRO#10)
     if bug.adam_l2_not_decoupled:  # Adam's weight_decay: an L2 term added to the gradient,
         return torch.optim.Adam(params, lr=o.lr, weight_decay=o.weight_decay)  # (robosat#166)
     if bug.adam_eps_too_large:  # eps=0.1 where 1e-8 was meant (mlpnlp/mlpnlp-nmt#4)
@@ -497,6 +500,13 @@ def resume(cfg: DictConfig, model: torch.nn.Module) -> dict:
     initial = copy.deepcopy(fresh.state_dict())  # the new process's initial weights
     model.load_state_dict(initial)
     model.load_state_dict(saved, strict=strict)
+    if cfg.bug.init_after_checkpoint_load:  # load_state_dict, then init_model_parameters(): the
+        for module in model.modules():  # init re-draws every weight over the loaded checkpoint
+            if hasattr(module, "reset_parameters"):  # (huggingface/picotron#32)
+                module.reset_parameters()
+            elif hasattr(module, "_reset_parameters"):  # MultiheadAttention's in_proj
+                module._reset_parameters()
+        torch.set_rng_state(rng)  # the RNG carries on as the resumed run's would
     return initial
 
 
