@@ -46,6 +46,10 @@ peak at 98% of the run, a linear decay at 99.9%, OneCycle at its end, a StepLR t
 10 three times at its last milestone, WSD in its final decay); StepLR stepped per batch instead
 of per epoch does within a few epochs' worth of steps, and one given gamma 0 at its first
 milestone."""
+SCHEDULER_LEAD = 1.5
+"""Times its optimizer's steps an LR scheduler may take: one per step at most, so 1.5 leaves
+room for steps an fp16 loss scaler skipped; stepped per micro-batch it takes the accumulation
+factor (2 or more), twice per step 2."""
 SCHEDULE_LEFT = 0.25
 """The share of the run that must remain for an LR at SCHEDULE_COLLAPSE of its peak to count."""
 FROZEN_SHARE = 0.9
@@ -1046,5 +1050,26 @@ def padding_read(influence: float) -> list[Violation]:
             "padding_never_read",
             "the held-out batch, its padded embeddings changed",
             f"the real positions' outputs moved by {influence:.2g} of their scale",
+        )
+    ]
+
+
+def scheduler_outpaces_optimizer(lead: tuple[int, int]) -> list[Violation]:
+    """An LR scheduler that stepped SCHEDULER_LEAD times as often as its optimizer or more: it
+    is stepped per micro-batch under gradient accumulation, twice per step (in the loop and in
+    a callback), or it drives an optimizer the loop no longer steps (a resume that built a new
+    one: EleutherAI/gpt-neox#1029), so the schedule runs ahead of training or never reaches
+    it. A per-step scheduler steps once per optimizer step, a per-epoch one less; a step
+    skipped on an fp16 overflow lags the optimizer by one. `lead`: (the scheduler's steps, the
+    optimizer's) since the first backward. Hook: the live schedulers on the optimizer, read at
+    the first backward and when the checks are logged."""
+    scheduled, stepped = lead
+    if scheduled < SCHEDULER_LEAD * stepped + 2:
+        return []
+    return [
+        Violation(
+            "scheduler_steps_with_its_optimizer",
+            f"{stepped} optimizer steps",
+            f"its LR scheduler stepped {scheduled} times ({scheduled / max(stepped, 1):.2g}x)",
         )
     ]

@@ -220,6 +220,9 @@ class LiveFacts:
     untied_heads: list[str] | None = None
     """Models declaring tie_word_embeddings whose output head is not the token embedding's
     tensor (invariants.head_untied); None: no model declares a tie."""
+    scheduler_lead: tuple[int, int] | None = None
+    """(the most steps one of the optimizer's LR schedulers took since the first backward, the
+    optimizer's steps since) (invariants.scheduler_outpaces_optimizer); None: no scheduler."""
     early_scheduler_steps: dict[str, int] | None = None
     """LR schedulers on the optimizer stepped before its first step, with those steps
     (invariants.scheduler_stepped_first); None: no scheduler found, or a resumed optimizer."""
@@ -470,6 +473,11 @@ def invariant_checks(facts: LiveFacts, rules: dict) -> list[Check]:
             rules["scheduler_stepped_before_optimizer"],
             facts.early_scheduler_steps,
             invariants.scheduler_stepped_first,
+        ),
+        _judged(
+            rules["scheduler_outpaces_optimizer"],
+            facts.scheduler_lead,
+            invariants.scheduler_outpaces_optimizer,
         ),
         _judged(
             rules["optimizer_step_missing"], facts.unstepped_backwards, invariants.never_stepped

@@ -300,6 +300,7 @@ class Checks(Strict):
     batch_index_encoded: Invariant
     dropout_on_residual_stream: Invariant
     padding_attended: Invariant
+    scheduler_outpaces_optimizer: Invariant
     attention_rows_unnormalised: Invariant
     scheduler_stepped_before_optimizer: Invariant
     logits_nonnegative: Invariant

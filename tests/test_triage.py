@@ -1162,6 +1162,7 @@ NO_CARD_ROWS = {"noisy_labels", "noisy_labels_flat"} | {  # broken invariants: a
     "warmup_not_as_declared",
     "tied_head_untied",
     "scheduler_stepped_before_optimizer",
+    "scheduler_outpaces_optimizer",
     "frozen_weights_decayed",
     "batch_index_encoded",
     "dropout_on_residual_stream",

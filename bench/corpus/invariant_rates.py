@@ -61,6 +61,7 @@ PROBE_CHECKS = (
     "modules_not_registered",
     "tied_head_untied",
     "scheduler_stepped_before_optimizer",
+    "scheduler_outpaces_optimizer",
     "frozen_weights_decayed",
     "batch_index_encoded",
     "dropout_on_residual_stream",

@@ -36,6 +36,7 @@ import gc
 import math
 import time
 import warnings
+import weakref
 from collections.abc import Callable, Mapping
 from contextlib import ExitStack
 from dataclasses import asdict
@@ -60,6 +61,8 @@ from hyprun.runner.job.invariant_hooks import (
 )
 
 STEP_UNITS = ("tokens", "steps")
+SCHEDULER_READ_STEPS = 8
+"""Optimizer steps after which a scheduler's count is held against the optimizer's."""
 FROZEN_READS = 3
 """Probed steps at which the tensors with a zero gradient are read: a weight frozen by zeroing
 its gradient reads zero at each; one zero at the first step only (LoRA's A beside a zero B)
@@ -229,6 +232,8 @@ class Probe:
         self._scan = probes.StepScan()
         self._model_checked = False
         self._frozen_reads, self._frozen_moved = 0, set()
+        self._schedulers: list[tuple[weakref.ref, int]] = []
+        self._steps_at_schedulers = 0
         self.scan_off: str | None = None if heldout is not None else NO_HELDOUT
         """Why the step scan is off (None: on)."""
         self.facts: LiveFacts | None = None
@@ -605,7 +610,11 @@ class Probe:
         if self.facts.first_grad_norm is not None and reached:
             self.facts.grad_rms = self.facts.first_grad_norm / math.sqrt(reached)
         self.facts.weight_rms = _weight_rms([p for _, p in self.named])
-        self.facts.early_scheduler_steps = schedulers_stepped_early(self.optimizer)
+        schedulers = schedulers_of(self.optimizer) if self.optimizer is not None else []
+        self.facts.early_scheduler_steps = schedulers_stepped_early(self.optimizer, schedulers)
+        # each scheduler with its count now, to hold its later steps against the optimizer's
+        self._schedulers = [(weakref.ref(s), getattr(s, "_step_count", 1)) for s in schedulers]
+        self._steps_at_schedulers = self.steps
 
     def _first_steps(self) -> None:
         """At the first optimizer step: the optimizer's settings and whether the gradient was
@@ -645,10 +654,22 @@ class Probe:
         if self.facts is None or not self.facts.optimizer:
             return  # no optimizer the probe can read: no L0 check
         read_invariants(self.facts, self.invariants, self.total_steps, self.epoch_steps)
+        self.facts.scheduler_lead = self._scheduler_lead()
         self.facts.unregistered = self.invariants.foreign_untrained(self.optimizer)
         checks = [asdict(c) for c in live_checks(self.facts)]
         if tracker := self._open():
             tracker.set_tags(l0_tags(checks))
+
+    def _scheduler_lead(self) -> tuple[int, int] | None:
+        """(the most steps one of the optimizer's LR schedulers took since the first backward,
+        the optimizer's steps since); None: no scheduler, or too few steps to judge."""
+        taken = [
+            getattr(scheduler, "_step_count", start) - start
+            for ref, start in self._schedulers
+            if (scheduler := ref()) is not None
+        ]
+        steps = self.steps - self._steps_at_schedulers
+        return (max(taken), steps) if taken and steps >= SCHEDULER_READ_STEPS else None
 
     def _window(self, now: float) -> dict[str, float]:
         """Loss and throughput over the steps since the last log, as the job logs them."""
@@ -1043,23 +1064,27 @@ def unwrapped(optimizer: Any) -> Any:
     return optimizer
 
 
-def schedulers_stepped_early(optimizer: Any) -> dict[str, int] | None:
-    """{scheduler: its steps} of the LR schedulers on `optimizer` already stepped past their
-    construction before the optimizer's first step (torch warns of it once: "Detected call of
-    lr_scheduler.step() before optimizer.step()"); None: no scheduler on it, or an optimizer
-    that stepped before (a resume, whose loaded state carries the scheduler's count too).
-    Read once, before the first step: a scan of the live objects, as nothing links an
-    optimizer to its schedulers."""
+def schedulers_of(optimizer: Any) -> list[torch.optim.lr_scheduler.LRScheduler]:
+    """The live LR schedulers on `optimizer`: a scan of the live objects, as nothing links an
+    optimizer to its schedulers (read once, at the first backward)."""
     inner = unwrapped(optimizer)
-    if inner is None or getattr(inner, "_opt_called", False) or getattr(inner, "state", None):
-        return None
     owners = {id(optimizer), id(inner)}
-    schedulers = [
+    return [
         found
         for found in gc.get_objects()
         if isinstance(found, torch.optim.lr_scheduler.LRScheduler)
         and id(getattr(found, "optimizer", None)) in owners
     ]
+
+
+def schedulers_stepped_early(optimizer: Any, schedulers: list) -> dict[str, int] | None:
+    """{scheduler: its steps} of the LR `schedulers` on `optimizer` already stepped past their
+    construction before the optimizer's first step (torch warns of it once: "Detected call of
+    lr_scheduler.step() before optimizer.step()"); None: no scheduler on it, or an optimizer
+    that stepped before (a resume, whose loaded state carries the scheduler's count too)."""
+    inner = unwrapped(optimizer)
+    if inner is None or getattr(inner, "_opt_called", False) or getattr(inner, "state", None):
+        return None
     if not schedulers:
         return None
     # the constructor's own step leaves _step_count at 1

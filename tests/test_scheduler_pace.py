@@ -1,0 +1,91 @@
+"""An LR scheduler that steps more often than its optimizer (diag/invariants.py
+scheduler_outpaces_optimizer).
+
+Stepped per micro-batch under gradient accumulation, the schedule runs accumulation times
+ahead of training; left on the optimizer a resumed loop replaced (EleutherAI/gpt-neox#1029), it
+steps an optimizer that no longer trains. Through the probe of a plain loop: a per-step
+schedule stepped per micro-batch and per optimizer step, a per-epoch StepLR, a scheduler
+resumed from a long run (its count loaded, not taken here), and an optimizer swapped mid-run."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hyprun.diag.evidence import Evidence
+from hyprun.diag.live_checks import LiveFacts, live_checks
+from hyprun.diag.triage import triage
+from hyprun.runner.job.probe import Probe
+from tests.helpers import probe_checks
+
+VOCAB, SEQ, WIDTH, STEPS, ACCUMULATION = 32, 8, 16, 24, 4
+CHECK = "scheduler_outpaces_optimizer"
+
+
+def batch(seed: int) -> torch.Tensor:
+    return torch.randint(VOCAB, (4, SEQ + 1), generator=torch.Generator().manual_seed(seed))
+
+
+def loss_of(model: nn.Module, rows: torch.Tensor) -> torch.Tensor:
+    logits = model(rows[:, :-1])
+    return F.cross_entropy(logits.flatten(0, 1), rows[:, 1:].flatten())
+
+
+def run(how: str) -> dict:
+    """STEPS optimizer steps of ACCUMULATION micro-batches each, the scheduler stepped `how`."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Embedding(VOCAB, WIDTH), nn.Linear(WIDTH, VOCAB))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    total = STEPS * ACCUMULATION
+    if how == "per_epoch":
+        scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.9)
+    else:
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1 - s / (2 * total))
+    if how == "resumed":  # a scheduler's count loaded from a long run before this one
+        for _ in range(100):
+            scheduler.step()
+    probe = Probe(model, optimizer, step_unit="steps", every_steps=4, heldout=batch(99))
+    probe.loss_fn = loss_of
+    trained = optimizer
+    for step in range(STEPS):
+        for micro in range(ACCUMULATION):
+            loss = loss_of(model, batch(step * ACCUMULATION + micro)) / ACCUMULATION
+            loss.backward()
+            probe.after_backward(loss)
+            if how == "per_micro_batch":
+                scheduler.step()
+        trained.step()
+        trained.zero_grad()
+        if how in ("per_step", "resumed", "swapped"):
+            scheduler.step()
+        if how == "per_epoch" and step % 4 == 3:
+            scheduler.step()
+        if how == "swapped" and step == 7:  # a resume builds a new optimizer; the scheduler
+            trained = torch.optim.AdamW(model.parameters(), lr=1e-3)  # stays on the old one
+            trained.load_state_dict(optimizer.state_dict())
+    probe.close()
+    return probe_checks(probe.run_id)[CHECK]
+
+
+@pytest.mark.parametrize(
+    ("how", "status"),
+    [
+        ("per_micro_batch", "fail"),
+        ("per_step", "pass"),
+        ("per_epoch", "pass"),
+        ("resumed", "pass"),
+        ("swapped", "fail"),
+    ],
+)
+def test_a_scheduler_stepped_more_often_than_its_optimizer_fails(uri, how, status):
+    check = run(how)
+    assert check["status"] == status, check
+
+
+def test_the_violation_is_the_finding_of_its_id():
+    facts = LiveFacts(optimizer="AdamW", peak_lr=1e-3, first_lr=1e-4, second_lr=2e-4)
+    facts.scheduler_lead = (96, 24)
+    checks = [check.__dict__ for check in live_checks(facts)]
+    assert [f.id for f in triage(Evidence(static=checks)).findings] == [CHECK]
