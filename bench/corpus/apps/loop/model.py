@@ -101,6 +101,11 @@ class TinyLM(nn.Module):
     key may be read, 0 where not) and handed to an attention that adds a non-boolean mask to the
     scores, so every past key gets +1 and no future key is blocked."""
 
+    dropout_zeroed_by_eval = False
+    """On (bug.attention_dropout_zeroed_by_eval): the attention sets its own dropout rate to 0 when
+    it runs in eval mode (`if not self.training: self.dropout_p = 0`), written to the module, so
+    after the first evaluation the attention weights are never dropped again in training."""
+
     dropout_after_residual = False
     """On (bug.dropout_after_residual_add): each sublayer's dropout is applied to the sum of the
     residual stream and the sublayer's output, x = dropout(x + sublayer(x)), instead of to the
@@ -195,6 +200,7 @@ class TinyLM(nn.Module):
             self.attention_dropout_unused,
             self.mask_float_added,
             self.dropout_after_residual,
+            self.dropout_zeroed_by_eval,
         )
         return any(flags)
 
@@ -223,6 +229,7 @@ class TinyLM(nn.Module):
             self.attention_dropout_unused,
             self.mask_float_added,
             self.dropout_after_residual,
+            self.dropout_zeroed_by_eval,
         )
         if not any(by_hand):
             return layer._sa_block(h, mask, None, is_causal=True)
@@ -237,6 +244,9 @@ class TinyLM(nn.Module):
         else:
             q, k, v = F.linear(h, attn.in_proj_weight, attn.in_proj_bias).chunk(3, dim=-1)
             q, k, v = (z.reshape(b, t, heads, d // heads).transpose(1, 2) for z in (q, k, v))
+        if self.dropout_zeroed_by_eval and not self.training:  # if not self.training:
+            attn.dropout = 0.0  # self.dropout_p = 0, on the module: it stays 0 once training
+            # resumes (NVIDIA/Megatron-LM PR 411, FlashSelfAttention)
         drop = attn.dropout if self.training else 0.0
         if self.attention_dropout_unused:  # self.dropout = nn.Dropout(p) built, never called on
             drop = 0.0  # the attention weights (zhouhaoyi/Informer2020#97)

@@ -89,6 +89,7 @@ def build(cfg: DictConfig) -> tuple:
     model.attention_dropout_unused = bug.attention_dropout_unused  # (Informer2020#97)
     model.mask_float_added = bug.causal_mask_float_added  # (timeseriesAI/tsai#171)
     model.dropout_after_residual = bug.dropout_after_residual_add  # (hyunwoongko/transformer#8)
+    model.dropout_zeroed_by_eval = bug.attention_dropout_zeroed_by_eval  # (Megatron-LM PR 411)
     model.logits_relu = bug.logits_relu  # (pytorch/tutorials PR 1644, huyng/tensorflow-vgg#13)
     if bug.layers_in_plain_list:  # self.layers = [Layer(...) for _ in range(n)]: a Python list,
         model.blocks = list(model.encoder.layers)  # so model.parameters() and .train()/.eval()
@@ -169,6 +170,12 @@ def make_schedule(cfg: DictConfig, optimizer):
     if cfg.sched.warmup and cfg.bug.warmup_scheduler_overrides:  # a per-step warmup LambdaLR and
         return WarmupAndStepLR(cfg, optimizer)  # the per-epoch StepLR on one optimizer
         # (Lightning-AI/pytorch-lightning#8884, pytorch/pytorch#33416)
+    if cfg.sched.warmup and cfg.bug.warmup_dampening_compounded:  # the per-epoch StepLR, and the
+        return torch.optim.lr_scheduler.StepLR(  # warmup written as a dampening of the current LR
+            optimizer,
+            cfg.sched.every_epochs,
+            cfg.sched.gamma,  # at each step (fit)
+        )  # (Tony-Y/pytorch_warmup PR 1, potterhsu/easy-faster-rcnn.pytorch#26)
     if cfg.sched.warmup:  # a linear warmup, then StepLR's decay per epoch, in one per-step factor
         warmup, every = cfg.sched.warmup, cfg.sched.every_epochs * steps_per_epoch(cfg)
         return torch.optim.lr_scheduler.LambdaLR(
@@ -649,6 +656,14 @@ def fit(cfg: DictConfig, log=None, probe: bool = True, attach=None, tracker=None
         if bug.layer_decay_every_step:  # the layer scale applied at each step, not once
             for group in optimizer.param_groups:  # (jaehyunnn/ViTPose_pytorch#20)
                 group["lr"] *= group.get("lr_scale", 1.0)
+        if ema is not None and bug.ema_update_per_micro_batch:  # ema.update() in the micro-batch
+            for _ in range(t.accum - 1):  # loop, outside the sync_gradients clause: each
+                ema.update(model)  # micro-batch without a step updates it from the same weights
+                # (SWivid/F5-TTS#631)
+        if bug.warmup_dampening_compounded and cfg.sched.warmup:  # group["lr"] *= omega, omega =
+            for group in optimizer.param_groups:  # min(1, step / warmup), on the LR the last step
+                group["lr"] *= min(1.0, step / cfg.sched.warmup)  # left, not the base LR: the
+            # factors compound (Tony-Y/pytorch_warmup PR 1, easy-faster-rcnn.pytorch#26)
         if bug.optimizer_step_missing:
             pass  # backward, scheduler step and zero_grad, no optimizer.step() between them
             # (tedlasai/learn2refocus#5)
@@ -674,7 +689,7 @@ def fit(cfg: DictConfig, log=None, probe: bool = True, attach=None, tracker=None
         if bug.scheduler_stepped_at_epoch_start and step_lr:
             epoch_end = False  # stepped at the epoch's start instead
         per_batch = cfg.sched.name in ("cosine", "linear") or (
-            cfg.sched.name == "step" and cfg.sched.warmup
+            cfg.sched.name == "step" and cfg.sched.warmup and not bug.warmup_dampening_compounded
         )
         if bug.warmup_stepped_per_epoch:  # a per-step schedule left at the 'epoch' interval:
             per_batch = False  # stepped at epoch ends only (ace-step/ACE-Step PR 198)
@@ -726,6 +741,12 @@ def fit(cfg: DictConfig, log=None, probe: bool = True, attach=None, tracker=None
                 model.train()
         if t.resume_after and step == round(t.resume_after * t.steps):  # a checkpoint written,
             initial = resume(cfg, model)  # the run resumed from it, the EMA's state with it
+            if t.resume_lr and not bug.resume_lr_overridden:  # the new LR set on the resumed
+                for group in optimizer.param_groups:  # optimizer, after its state is loaded
+                    group["lr"] = t.resume_lr
+            # bug.resume_lr_overridden: the optimizer built with the new LR, then
+            # optimizer.load_state_dict(checkpoint['optimizer']) restores the saved param groups'
+            # LR over it (pytorch/examples#816, mapbox/robosat#169)
             if bug.scheduler_on_stale_optimizer:  # the resumed process trains a new optimizer
                 fresh = make_optimizer(cfg, model)  # object, its state loaded, while the LR
                 fresh.load_state_dict(optimizer.state_dict())  # scheduler still steps the old
