@@ -420,6 +420,8 @@ def micro_batches(cfg: DictConfig, data: dict):
             copies = LOADER_WORKERS if bug.workers_duplicate_data else 1
             for _ in range(copies):  # every worker replays the whole stream (datasets#3423)
                 yield data["x"][rows], data["y"][label_rows]
+        if bug.data_stream_not_restarted:  # train_iterator = iter(train_loader), never rebuilt:
+            return  # the stream ends with its first epoch (AI-Hypercomputer/torchprime PR 106)
         epoch += 1
 
 
@@ -430,6 +432,12 @@ def step_loss(model, micro: list, bug, accum: int, smoothing: float = 0.0, scale
     if scaler is not None:
         with torch.autocast("cpu", dtype=torch.float16):
             losses = [token_loss(model(x), x, y, bug, smoothing) for x, y in micro]
+    elif bug.loss_requires_grad_forced:  # the forward under torch.no_grad(), and
+        with torch.no_grad():  # loss.requires_grad = True added to quiet "element 0 of tensors
+            losses = [token_loss(model(x), x, y, bug, smoothing) for x, y in micro]  # does not
+        for total, _ in losses:  # require grad" (ronghuaiyang/arcface-pytorch#56,
+            total.requires_grad_(True)  # mazurowski-lab/finetune-SAM#26): backward reaches no
+            # parameter
     else:
         losses = [token_loss(model(x), x, y, bug, smoothing) for x, y in micro]
     step_tokens = sum(count for _, count in losses)
@@ -632,7 +640,11 @@ def fit(cfg: DictConfig, log=None, probe: bool = True, attach=None, tracker=None
         per_epoch = bug.zero_grad_per_epoch and (step - 1) % steps_per_epoch != 0
         if not bug.zero_grad_missing and not per_epoch:
             optimizer.zero_grad()
-        micro = [next(stream) for _ in range(t.accum)]
+        try:
+            micro = [next(stream) for _ in range(t.accum)]
+        except StopIteration:  # batch = next(train_iterator); except StopIteration: break, the
+            break  # run ended when the loader ran out (bug.data_stream_not_restarted; torchprime
+            # PR 106, meta-pytorch/torchforge PR 519)
         if bug.val_batch_trained_on and step > 1 and (step - 1) % t.eval_every == 0:
             micro[0] = (heldout["x"][-t.batch :], heldout["y"][-t.batch :])  # the last
             # validation batch, left in the training batch's name (karpathy/llm.c PR 500)
@@ -646,6 +658,11 @@ def fit(cfg: DictConfig, log=None, probe: bool = True, attach=None, tracker=None
             optimizer.zero_grad()
         if scaler is not None and not bug.clip_before_unscale:  # unscaled before clipping;
             scaler.unscale_(optimizer)  # without it the clip reads the scaled gradients
+            if bug.gradients_unscaled_twice:  # prepare_grads() called, then optimizer.step(),
+                inverse = 1.0 / float(scaler.get_scale())  # which calls it again: the gradients
+                for parameter in model.parameters():  # divided by the loss scale twice
+                    if parameter.grad is not None:  # (THUDM/slime PR 1842)
+                        parameter.grad.mul_(inverse)
         if cfg.optim.clip and not bug.clip_after_step and clip_params is not None:
             torch.nn.utils.clip_grad_norm_(clip_params, cfg.optim.clip)  # (pytorch#148259)
         elif cfg.optim.clip and not bug.clip_after_step:  # (milesial/Pytorch-UNet#468)
