@@ -46,6 +46,10 @@ peak at 98% of the run, a linear decay at 99.9%, OneCycle at its end, a StepLR t
 10 three times at its last milestone, WSD in its final decay); StepLR stepped per batch instead
 of per epoch does within a few epochs' worth of steps, and one given gamma 0 at its first
 milestone."""
+STEPS_TAKEN = 0.9
+"""Share of its declared optimizer steps a run that ends (not diverged, not stopped by hyprun)
+must have taken: a loop counts its steps exactly, so anything short is a loop that stopped
+early; 0.9 leaves room for a last partial epoch dropped or a budget rounded."""
 SCHEDULER_LEAD = 1.5
 """Times its optimizer's steps an LR scheduler may take: one per step at most, so 1.5 leaves
 room for steps an fp16 loss scaler skipped; stepped per micro-batch it takes the accumulation
@@ -1071,5 +1075,25 @@ def scheduler_outpaces_optimizer(lead: tuple[int, int]) -> list[Violation]:
             "scheduler_steps_with_its_optimizer",
             f"{stepped} optimizer steps",
             f"its LR scheduler stepped {scheduled} times ({scheduled / max(stepped, 1):.2g}x)",
+        )
+    ]
+
+
+def ended_early(taken: tuple[int, int]) -> list[Violation]:
+    """A run that ended, neither diverged nor stopped by hyprun, having taken less than
+    STEPS_TAKEN of the optimizer steps it declared: a debugging `break` left in the loop, a data
+    iterator never restarted (StopIteration ending the loop after one epoch), an epoch count
+    read as steps, so training stops short of its budget and the last eval reads an unfinished
+    model (avinashpaliwal/Super-SloMo#3). An early-stopping rule the user set ends a run short
+    too, on purpose: the finding names the steps, with no card. `taken`: (steps taken, steps
+    declared). Hook: the probe's step count at close."""
+    steps, declared = taken
+    if steps >= STEPS_TAKEN * declared:
+        return []
+    return [
+        Violation(
+            "the_run_takes_its_declared_steps",
+            f"the run's end, {steps} of {declared} steps",
+            f"it took {steps / declared:.0%} of the optimizer steps it declared",
         )
     ]

@@ -220,6 +220,10 @@ class LiveFacts:
     untied_heads: list[str] | None = None
     """Models declaring tie_word_embeddings whose output head is not the token embedding's
     tensor (invariants.head_untied); None: no model declares a tie."""
+    steps_taken: tuple[int, int] | None = None
+    """At the run's end: (the optimizer steps it took, the steps it declared: Probe(total_steps=),
+    a trainer's max_steps) (invariants.ended_early); None: still running, its length unknown,
+    diverged, or stopped by hyprun."""
     scheduler_lead: tuple[int, int] | None = None
     """(the most steps one of the optimizer's LR schedulers took since the first backward, the
     optimizer's steps since) (invariants.scheduler_outpaces_optimizer); None: no scheduler."""
@@ -474,6 +478,7 @@ def invariant_checks(facts: LiveFacts, rules: dict) -> list[Check]:
             facts.early_scheduler_steps,
             invariants.scheduler_stepped_first,
         ),
+        _judged(rules["run_ended_early"], facts.steps_taken, invariants.ended_early),
         _judged(
             rules["scheduler_outpaces_optimizer"],
             facts.scheduler_lead,

@@ -301,6 +301,7 @@ class Checks(Strict):
     dropout_on_residual_stream: Invariant
     padding_attended: Invariant
     scheduler_outpaces_optimizer: Invariant
+    run_ended_early: Invariant
     attention_rows_unnormalised: Invariant
     scheduler_stepped_before_optimizer: Invariant
     logits_nonnegative: Invariant

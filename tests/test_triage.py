@@ -1163,6 +1163,7 @@ NO_CARD_ROWS = {"noisy_labels", "noisy_labels_flat"} | {  # broken invariants: a
     "tied_head_untied",
     "scheduler_stepped_before_optimizer",
     "scheduler_outpaces_optimizer",
+    "run_ended_early",
     "frozen_weights_decayed",
     "batch_index_encoded",
     "dropout_on_residual_stream",

@@ -62,6 +62,7 @@ PROBE_CHECKS = (
     "tied_head_untied",
     "scheduler_stepped_before_optimizer",
     "scheduler_outpaces_optimizer",
+    "run_ended_early",
     "frozen_weights_decayed",
     "batch_index_encoded",
     "dropout_on_residual_stream",

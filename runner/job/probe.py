@@ -382,6 +382,7 @@ class Probe:
         self.invariants.remove()
         self._close_activations()
         if self.facts is not None and self.steps >= 1:  # the run-long invariants, as they ended
+            self.facts.steps_taken = self._steps_taken()
             self._log_checks()
         elif self.facts is not None and unstepped:
             read_optimizer(self.facts, self.optimizer, self.named)
@@ -659,6 +660,13 @@ class Probe:
         checks = [asdict(c) for c in live_checks(self.facts)]
         if tracker := self._open():
             tracker.set_tags(l0_tags(checks))
+
+    def _steps_taken(self) -> tuple[int, int] | None:
+        """At close: (the optimizer steps the loop took, the steps it declared); None where the
+        run's length is unknown, it diverged, or hyprun asked it to stop (stop.py)."""
+        if not self.total_steps or self.diverged or stop.requested():
+            return None
+        return self.steps, self.total_steps
 
     def _scheduler_lead(self) -> tuple[int, int] | None:
         """(the most steps one of the optimizer's LR schedulers took since the first backward,
