@@ -37,6 +37,8 @@ from hyprun.diag.static import (
 L0_TAG = "hyprun.l0_checks"
 """Tag of a probe-recorded run: these checks' results, a JSON list of Check fields, split over
 this tag and L0_TAG.1, L0_TAG.2, ... (l0_tags)."""
+L0_CHUNKS_TAG = f"{L0_TAG}.chunks"
+"""How many chunks the latest write of the checks holds (l0_tags)."""
 TAG_CHUNK = 7000
 """Characters per tag: MLflow truncates a tag's value at 8000, and the checks' JSON is longer."""
 NAMES_SHOWN = 3
@@ -253,23 +255,36 @@ class LiveFacts:
 
 
 def l0_tags(checks: list[dict]) -> dict[str, str]:
-    """The checks' JSON as tags of at most TAG_CHUNK characters: L0_TAG, then L0_TAG.1, ..."""
+    """The checks' JSON as tags of at most TAG_CHUNK characters: L0_TAG, then L0_TAG.1, ...,
+    with their count in L0_CHUNKS_TAG: a run's checks are logged again as it goes, and a later
+    write of fewer chunks leaves the earlier write's last ones in place (a tag is never
+    deleted), which the count tells the reader to leave out."""
     text = json.dumps(checks, default=str)
     chunks = [text[i : i + TAG_CHUNK] for i in range(0, len(text), TAG_CHUNK)] or ["[]"]
-    return {L0_TAG if i == 0 else f"{L0_TAG}.{i}": chunk for i, chunk in enumerate(chunks)}
+    tags = {_chunk_tag(i): chunk for i, chunk in enumerate(chunks)}
+    return {**tags, L0_CHUNKS_TAG: str(len(chunks))}
 
 
 def read_l0_tags(tags: dict[str, str]) -> list[dict]:
-    """The checks l0_tags wrote (empty when none were, or they do not parse)."""
-    chunks, index = [tags.get(L0_TAG, "[]")], 1
-    while f"{L0_TAG}.{index}" in tags:
-        chunks.append(tags[f"{L0_TAG}.{index}"])
-        index += 1
+    """The checks l0_tags wrote (empty when none were, or they do not parse). A run recorded
+    before the count was written has none: its chunks are read until one is missing."""
+    count = int(tags.get(L0_CHUNKS_TAG, 0))
+    if count:
+        chunks = [tags.get(_chunk_tag(i), "") for i in range(count)]
+    else:
+        chunks, index = [tags.get(L0_TAG, "[]")], 1
+        while _chunk_tag(index) in tags:
+            chunks.append(tags[_chunk_tag(index)])
+            index += 1
     try:
         checks = json.loads("".join(chunks))
     except ValueError:
         return []
     return checks if isinstance(checks, list) else []
+
+
+def _chunk_tag(index: int) -> str:
+    return L0_TAG if index == 0 else f"{L0_TAG}.{index}"
 
 
 def as_job_config(facts: LiveFacts) -> dict:

@@ -352,3 +352,17 @@ def test_the_warmup_reach_lost_update_and_symmetry_checks_judge_their_facts_and_
     ]:
         checks = [c.__dict__ for c in live_checks(facts)]
         assert [f.id for f in triage(Evidence(static=checks)).findings] == [finding]
+
+
+def test_a_later_write_of_fewer_chunks_reads_alone():
+    """A run's checks are logged again as it goes; tags are never deleted, so a later write of
+    fewer chunks leaves the earlier one's last chunk behind, which the count leaves out."""
+    from hyprun.diag.live_checks import l0_tags
+
+    long = [{"id": f"check_{i}", "why": "x" * 500} for i in range(30)]  # three chunks
+    short = [{"id": "only", "why": "y" * 8000}]  # two
+    run_tags = {**l0_tags(long), **l0_tags(short)}  # as MLflow keeps them: the later wins
+    assert len([k for k in run_tags if k.startswith("hyprun.l0_checks")]) == 4
+    assert read_l0_tags(run_tags) == short
+    del run_tags["hyprun.l0_checks.chunks"]  # a run recorded before the count: read as before
+    assert read_l0_tags(run_tags) == []

@@ -286,33 +286,10 @@ def train_eval_scale(model: nn.Module, loss: Callable[[], Any]) -> float | None:
     """The largest ratio, over the per-position norm layers, of the RMS of the input a norm
     layer reads in a train-mode forward to the one it reads in an eval-mode forward of the same
     batch at the same weights (no autograd, the RNG forked). None: no norm layer was called."""
-    norms = [m for m in model.modules() if is_norm(m)]
-    if not norms:
-        return None
-    train = _norm_input_rms(model, norms, loss, training=True)
-    evaluation = _norm_input_rms(model, norms, loss, training=False)
+    train = _norm_inputs(model, loss, _rms, training=True)
+    evaluation = _norm_inputs(model, loss, _rms, training=False)
     ratios = [train[k] / evaluation[k] for k in train if evaluation.get(k, 0) > 0]
     return max(ratios) if ratios else None
-
-
-def _norm_input_rms(model, norms, loss, training: bool) -> dict[int, float]:
-    """By norm layer (its id): the RMS of its first input in one forward in the given mode."""
-    found: dict[int, float] = {}
-
-    def read(module, args) -> None:
-        if args and torch.is_tensor(args[0]) and id(module) not in found:
-            found[id(module)] = float(args[0].detach().float().pow(2).mean().sqrt())
-
-    handles = [norm.register_forward_pre_hook(read) for norm in norms]
-    try:
-        with _evaluating(model):
-            model.train(training)
-            torch.manual_seed(0)
-            loss()
-    finally:
-        for handle in handles:
-            handle.remove()
-    return found
 
 
 def stream_zeros(model: nn.Module, loss: Callable[[], Any]) -> dict[str, float] | None:
@@ -322,24 +299,24 @@ def stream_zeros(model: nn.Module, loss: Callable[[], Any]) -> dict[str, float] 
     leaves none in the stream once the branch is added to it; dropout on the stream itself
     leaves its rate. The first norm layer reads the embedding, which a model may drop on
     purpose. None: fewer than two norm layers called."""
-    names = {id(module): name for name, module in model.named_modules() if is_norm(module)}
-    train = _norm_input_zeros(model, names, loss, training=True)
-    evaluation = _norm_input_zeros(model, names, loss, training=False)
+    train = _norm_inputs(model, loss, _zero_share, training=True)
+    evaluation = _norm_inputs(model, loss, _zero_share, training=False)
     later = list(train)[1:]
     if not later:
         return None
     return {name: train[name] - evaluation.get(name, 0.0) for name in later}
 
 
-def _norm_input_zeros(model, names: dict[int, str], loss, training: bool) -> dict[str, float]:
-    """By norm layer, in the order first called: the share of exact zeros in its first input
-    in one forward in the given mode."""
+def _norm_inputs(model, loss, measure, training: bool) -> dict[str, float]:
+    """By per-position norm layer, in the order first called: `measure` of its first input in
+    one forward in the given mode."""
+    names = {id(module): name for name, module in model.named_modules() if is_norm(module)}
     found: dict[str, float] = {}
 
     def read(module, args) -> None:
         name = names[id(module)]
         if args and torch.is_tensor(args[0]) and name not in found:
-            found[name] = float((args[0].detach() == 0).float().mean())
+            found[name] = measure(args[0].detach())
 
     handles = [m.register_forward_pre_hook(read) for m in model.modules() if id(m) in names]
     try:
@@ -351,6 +328,14 @@ def _norm_input_zeros(model, names: dict[int, str], loss, training: bool) -> dic
         for handle in handles:
             handle.remove()
     return found
+
+
+def _rms(x: torch.Tensor) -> float:
+    return float(x.float().pow(2).mean().sqrt())
+
+
+def _zero_share(x: torch.Tensor) -> float:
+    return float((x == 0).float().mean())
 
 
 def _norm_parents(model: nn.Module) -> dict[int, str]:
