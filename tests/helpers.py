@@ -70,6 +70,26 @@ def probed_checks(model, optimizer, loss_of, batches, heldout, **options) -> dic
     return probe_checks(probe.run_id)
 
 
+def probed_check(model, loss_of, batch_of, check: str) -> dict:
+    """`check` as the probe recorded it on a plain AdamW loop over `batch_of(0..3)`, its
+    held-out batch `batch_of(99)` (probed_checks)."""
+    import torch
+
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    batches = [batch_of(seed) for seed in range(4)]
+    return probed_checks(model, optimizer, loss_of, batches, batch_of(99))[check]
+
+
+def finding_ids(facts) -> list[str]:
+    """The ids of the findings triage reads from the live checks of `facts`, ranked."""
+    from hyprun.diag.evidence import Evidence
+    from hyprun.diag.live_checks import live_checks
+    from hyprun.diag.triage import triage
+
+    checks = [check.__dict__ for check in live_checks(facts)]
+    return [finding.id for finding in triage(Evidence(static=checks)).findings]
+
+
 def python_env(**extra: str) -> dict[str, str]:
     # The test process's own process group (world of one) must not leak into its children.
     dist_vars = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")

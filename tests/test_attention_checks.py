@@ -16,12 +16,10 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import GPT2Config, GPT2LMHeadModel, T5Config, T5ForConditionalGeneration
 
-from hyprun.diag.evidence import Evidence
 from hyprun.diag.invariants import attention_rows_unnormalised, attention_scale_wrong
-from hyprun.diag.live_checks import LiveFacts, live_checks
-from hyprun.diag.triage import triage
+from hyprun.diag.live_checks import LiveFacts
 from hyprun.runner.job.attention_reads import attention_reads
-from tests.helpers import probed_checks
+from tests.helpers import finding_ids, probed_checks
 
 VOCAB, SEQ, WIDTH, HEADS = 40, 12, 32, 2
 CHECKS = ("attention_scale_wrong", "attention_rows_unnormalised")
@@ -162,5 +160,4 @@ def test_the_probe_of_a_plain_loop_records_them(uri, style):
 def test_the_violation_is_the_finding_of_its_id(fact, value, check):
     facts = LiveFacts(optimizer="AdamW", peak_lr=1e-3, first_lr=1e-4, second_lr=2e-4)
     setattr(facts, fact, value)
-    checks = [found.__dict__ for found in live_checks(facts)]
-    assert [finding.id for finding in triage(Evidence(static=checks)).findings] == [check]
+    assert finding_ids(facts) == [check]

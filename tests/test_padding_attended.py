@@ -15,10 +15,8 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from hyprun.diag.evidence import Evidence
-from hyprun.diag.live_checks import LiveFacts, live_checks
-from hyprun.diag.triage import triage
-from tests.helpers import probed_checks
+from hyprun.diag.live_checks import LiveFacts
+from tests.helpers import finding_ids, probed_checks
 
 VOCAB, SEQ, WIDTH, PAD = 32, 10, 16, 0
 CHECK = "padding_attended"
@@ -93,5 +91,4 @@ def test_left_padding_without_its_mask_fails(uri, masked, status):
 def test_the_violation_is_the_finding_of_its_id():
     facts = LiveFacts(optimizer="AdamW", peak_lr=1e-3, first_lr=1e-4, second_lr=2e-4)
     facts.padding_influence = 0.4
-    checks = [check.__dict__ for check in live_checks(facts)]
-    assert [f.id for f in triage(Evidence(static=checks)).findings] == [CHECK]
+    assert finding_ids(facts) == [CHECK]

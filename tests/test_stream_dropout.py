@@ -15,10 +15,8 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import BertConfig, BertForMaskedLM, GPT2Config, GPT2LMHeadModel
 
-from hyprun.diag.evidence import Evidence
-from hyprun.diag.live_checks import LiveFacts, live_checks
-from hyprun.diag.triage import triage
-from tests.helpers import probed_checks
+from hyprun.diag.live_checks import LiveFacts
+from tests.helpers import finding_ids, probed_check
 
 VOCAB, SEQ, WIDTH = 32, 8, 16
 CHECK = "dropout_on_residual_stream"
@@ -68,9 +66,7 @@ def batch(seed: int) -> torch.Tensor:
 
 
 def check_of(model: nn.Module) -> dict:
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    batches = [batch(seed) for seed in range(4)]
-    return probed_checks(model, optimizer, loss_of, batches, batch(99))[CHECK]
+    return probed_check(model, loss_of, batch, CHECK)
 
 
 @pytest.mark.parametrize(("on_stream", "status"), [(True, "fail"), (False, "pass")])
@@ -101,5 +97,4 @@ def test_the_violation_is_the_finding_of_its_id():
     facts = LiveFacts(optimizer="AdamW", peak_lr=1e-3, first_lr=1e-4, second_lr=2e-4)
     facts.dropout_max = (0.1, ["blocks.0.drop"])
     facts.stream_zeros = {"blocks.1.norm": 0.1}
-    checks = [check.__dict__ for check in live_checks(facts)]
-    assert [f.id for f in triage(Evidence(static=checks)).findings] == [CHECK]
+    assert finding_ids(facts) == [CHECK]
