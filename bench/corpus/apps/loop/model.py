@@ -106,6 +106,11 @@ class TinyLM(nn.Module):
     it runs in eval mode (`if not self.training: self.dropout_p = 0`), written to the module, so
     after the first evaluation the attention weights are never dropped again in training."""
 
+    softmax_across_heads = False
+    """On (bug.attention_softmax_across_heads): the attention scores of every head are flattened
+    into one row per query and normalised together (softmax over heads x keys), so each head's
+    weights over the keys sum to its share of one instead of to one."""
+
     dropout_after_residual = False
     """On (bug.dropout_after_residual_add): each sublayer's dropout is applied to the sum of the
     residual stream and the sublayer's output, x = dropout(x + sublayer(x)), instead of to the
@@ -201,6 +206,7 @@ class TinyLM(nn.Module):
             self.mask_float_added,
             self.dropout_after_residual,
             self.dropout_zeroed_by_eval,
+            self.softmax_across_heads,
         )
         return any(flags)
 
@@ -230,6 +236,7 @@ class TinyLM(nn.Module):
             self.mask_float_added,
             self.dropout_after_residual,
             self.dropout_zeroed_by_eval,
+            self.softmax_across_heads,
         )
         if not any(by_hand):
             return layer._sa_block(h, mask, None, is_causal=True)
@@ -261,6 +268,11 @@ class TinyLM(nn.Module):
             scores = q @ k.transpose(-2, -1) / math.sqrt(d // heads) + mask  # to 1 over the
             weights = F.dropout(scores.softmax(dim=-2), drop)  # queries (labmlai/...#146)
             out = weights @ v
+        elif self.softmax_across_heads:  # F.softmax(weights.flatten(2), dim=-1) on [b, q, heads,
+            scores = q @ k.transpose(-2, -1) / math.sqrt(d // heads) + mask  # keys]: one softmax
+            rows = scores.transpose(1, 2).reshape(b, t, heads * t)  # over every head's keys
+            weights = rows.softmax(dim=-1).reshape(b, t, heads, t).transpose(1, 2)  # together
+            out = F.dropout(weights, drop) @ v  # (facebookresearch/detr#247)
         elif self.mask_after_softmax:  # softmax, then masked_fill(~mask, -inf) on its output
             future = torch.triu(torch.ones(t, t, dtype=torch.bool, device=h.device), diagonal=1)
             weights = (q @ k.transpose(-2, -1) / math.sqrt(d // heads)).softmax(dim=-1)

@@ -91,6 +91,12 @@ def build(cfg: DictConfig) -> tuple:
     model.dropout_after_residual = bug.dropout_after_residual_add  # (hyunwoongko/transformer#8)
     model.dropout_zeroed_by_eval = bug.attention_dropout_zeroed_by_eval  # (Megatron-LM PR 411)
     model.logits_relu = bug.logits_relu  # (pytorch/tutorials PR 1644, huyng/tensorflow-vgg#13)
+    model.softmax_across_heads = bug.attention_softmax_across_heads  # (detr#247)
+    if bug.dropout_rate_not_passed:  # self.dropout = nn.Dropout(): the constructor's dropout
+        for layer in model.encoder.layers:  # argument never passed on, so torch's default p=0.5
+            layer.dropout = torch.nn.Dropout()  # replaces the configured rate in every layer's
+            layer.dropout1 = torch.nn.Dropout()  # dropouts (huawei-noah/multi_hyp_cc PR 17,
+            layer.dropout2 = torch.nn.Dropout()  # dimitymiller/cac-openset#1)
     if bug.layers_in_plain_list:  # self.layers = [Layer(...) for _ in range(n)]: a Python list,
         model.blocks = list(model.encoder.layers)  # so model.parameters() and .train()/.eval()
         model.encoder.layers = torch.nn.ModuleList()  # never reach the layers (pytorch/pytorch
@@ -585,6 +591,10 @@ def fit(cfg: DictConfig, log=None, probe: bool = True, attach=None, tracker=None
         rows = torch.cat([train_set["x"], train_set["y"]], dim=1)  # views, so rows are copied
         random.Random(d.seed).shuffle(rows)  # over others and lost (pytorch/pytorch#18934, #50880)
         train_set = {**train_set, "x": rows[:, : d.seq_len], "y": rows[:, d.seq_len :]}
+    if bug.train_filtered_to_max_length:  # if length == max_length: keep the row; every row
+        full = (train_set["y"] != IGNORE).all(dim=1)  # shorter than the maximum length (all
+        train_set = {key: rows[full] for key, rows in train_set.items()}  # padded rows) filtered
+        # out of the training set (huggingface/trl#467, PR 481)
     if bug.token_ids_overflow:  # ids binarized in a dtype narrower than the vocab wrap around
         train_set = ids_wrapped(train_set, OVERFLOW_AT)  # (huggingface/transformers#2825)
     if bug.heldout_own_vocab:  # train and test each with their own vocab_to_int: the same
@@ -720,7 +730,12 @@ def fit(cfg: DictConfig, log=None, probe: bool = True, attach=None, tracker=None
                 param_group["lr"] = lr
         elif per_step and cfg.sched.name != "plateau":
             schedule.step()
-        if step % t.eval_every == 0 or step == t.steps:
+        final = step == t.steps
+        if bug.steps_counted_in_micro_batches:  # it += 1 per micro-batch, last_step = it >=
+            final = step * t.accum >= t.steps  # num_iterations: the run's steps counted in
+            # micro-batches, so it ends after steps / accum optimizer steps (karpathy/nanochat
+            # PR 775)
+        if step % t.eval_every == 0 or final:
             if not bug.eval_without_eval_mode:
                 model.eval()
             if ema is not None and bug.ema_not_restored:  # store, copy_to(model), evaluate,
@@ -771,6 +786,8 @@ def fit(cfg: DictConfig, log=None, probe: bool = True, attach=None, tracker=None
             if ema is not None and bug.ema_not_resumed:  # EMA(model) registered from the new
                 ema.model.load_state_dict(initial)  # process's initial weights, before the
                 # checkpoint is loaded (BangLiu/QANet-PyTorch#4, PixArt-sigma#156)
+        if final and bug.steps_counted_in_micro_batches:
+            break  # the last step's eval taken, the run ends
     if best_state is not None:  # load_best_model_at_end, then evaluate
         evaluated = ema.model if ema is not None and not bug.ema_not_evaluated else model
         evaluated.load_state_dict(best_state)
