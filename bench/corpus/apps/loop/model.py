@@ -116,6 +116,11 @@ class TinyLM(nn.Module):
     residual stream and the sublayer's output, x = dropout(x + sublayer(x)), instead of to the
     sublayer's output before the add, so the residual stream itself is dropped at every layer."""
 
+    residual_dropout_discarded = False
+    """On (bug.residual_dropout_not_assigned): each sublayer's output dropout is called out of place
+    and its result never assigned (`F.dropout(dx, p)` for `dx = F.dropout(dx, p)`), so the
+    attention's and the feed-forward block's outputs reach the residual stream undropped."""
+
     def __init__(
         self,
         vocab: int,
@@ -207,6 +212,7 @@ class TinyLM(nn.Module):
             self.dropout_after_residual,
             self.dropout_zeroed_by_eval,
             self.softmax_across_heads,
+            self.residual_dropout_discarded,
         )
         return any(flags)
 
@@ -237,6 +243,7 @@ class TinyLM(nn.Module):
             self.dropout_after_residual,
             self.dropout_zeroed_by_eval,
             self.softmax_across_heads,
+            self.residual_dropout_discarded,
         )
         if not any(by_hand):
             return layer._sa_block(h, mask, None, is_causal=True)
@@ -301,6 +308,9 @@ class TinyLM(nn.Module):
         out = attn.out_proj(out.transpose(1, 2).reshape(b, t, d))
         if self.dropout_after_residual:  # no dropout on the output: it comes after the add
             return out
+        if self.residual_dropout_discarded:  # F.dropout(dx, p): an out-of-place call whose result
+            layer.dropout1(out)  # is never assigned, so dx reaches the stream undropped
+            return out  # (evintunador/templateGPT#1)
         return layer.dropout1(out)
 
     def feed_forward(self, layer: nn.TransformerEncoderLayer, h) -> torch.Tensor:
@@ -308,6 +318,10 @@ class TinyLM(nn.Module):
         if self.ffn_output_discarded:  # z_ = act(Dense(z)); z_ = Dropout(z): the wrong
             layer.linear2(layer.dropout(layer.activation(layer.linear1(h))))  # variable, its
             return layer.dropout2(h)  # output thrown away (theislab/CellFlow PR 296)
+        if self.residual_dropout_discarded:  # F.dropout(dx, p), its result never assigned
+            dx = layer.linear2(layer.dropout(layer.activation(layer.linear1(h))))
+            layer.dropout2(dx)  # (evintunador/templateGPT#1)
+            return dx
         if self.ffn_activation_missing:  # Linear, dropout, Linear: no ReLU (YujiaBao/ls#1)
             return layer.dropout2(layer.linear2(layer.dropout(layer.linear1(h))))
         return layer._ff_block(h)

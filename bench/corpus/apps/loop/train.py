@@ -92,6 +92,7 @@ def build(cfg: DictConfig) -> tuple:
     model.dropout_zeroed_by_eval = bug.attention_dropout_zeroed_by_eval  # (Megatron-LM PR 411)
     model.logits_relu = bug.logits_relu  # (pytorch/tutorials PR 1644, huyng/tensorflow-vgg#13)
     model.softmax_across_heads = bug.attention_softmax_across_heads  # (detr#247)
+    model.residual_dropout_discarded = bug.residual_dropout_not_assigned  # (templateGPT#1)
     if bug.dropout_rate_not_passed:  # self.dropout = nn.Dropout(): the constructor's dropout
         for layer in model.encoder.layers:  # argument never passed on, so torch's default p=0.5
             layer.dropout = torch.nn.Dropout()  # replaces the configured rate in every layer's
@@ -338,6 +339,8 @@ def make_optimizer(cfg: DictConfig, model: torch.nn.Module) -> torch.optim.Optim
         # (meta-llama/llama-cookbook#191, salesforce/ALPRO#10)
     if bug.adam_l2_not_decoupled:  # Adam's weight_decay: an L2 term added to the gradient,
         return torch.optim.Adam(params, lr=o.lr, weight_decay=o.weight_decay)  # (robosat#166)
+    if bug.decay_at_base_lr:  # the decoupled decay written by hand with the base LR (fit)
+        return torch.optim.AdamW(params, lr=o.lr, weight_decay=0.0)
     if bug.adam_eps_too_large:  # eps=0.1 where 1e-8 was meant (mlpnlp/mlpnlp-nmt#4)
         return torch.optim.AdamW(params, lr=o.lr, weight_decay=o.weight_decay, eps=0.1)
     if bug.adam_beta2_inverted:  # 0.999 given where 1 - beta2 was read (mila-iqia/blocks#1159)
@@ -595,6 +598,10 @@ def fit(cfg: DictConfig, log=None, probe: bool = True, attach=None, tracker=None
         full = (train_set["y"] != IGNORE).all(dim=1)  # shorter than the maximum length (all
         train_set = {key: rows[full] for key, rows in train_set.items()}  # padded rows) filtered
         # out of the training set (huggingface/trl#467, PR 481)
+    if bug.targets_wrap_around:  # y = np.roll(x, -1): y[:, :-1] = x[:, 1:], y[:, -1] = x[:, 0], so
+        y = train_set["y"].clone()  # each row's last target is its own first input token
+        y[:, -1] = train_set["x"][:, 0]  # (udacity/deep-learning PR 239, DLND-988)
+        train_set = {**train_set, "y": y}
     if bug.token_ids_overflow:  # ids binarized in a dtype narrower than the vocab wrap around
         train_set = ids_wrapped(train_set, OVERFLOW_AT)  # (huggingface/transformers#2825)
     if bug.heldout_own_vocab:  # train and test each with their own vocab_to_int: the same
@@ -691,6 +698,10 @@ def fit(cfg: DictConfig, log=None, probe: bool = True, attach=None, tracker=None
             for group in optimizer.param_groups:  # min(1, step / warmup), on the LR the last step
                 group["lr"] *= min(1.0, step / cfg.sched.warmup)  # left, not the base LR: the
             # factors compound (Tony-Y/pytorch_warmup PR 1, easy-faster-rcnn.pytorch#26)
+        if bug.decay_at_base_lr:  # p.mul_(1 - group['lr'] * wd) with the optimizer's base LR, not
+            with torch.no_grad():  # the scheduled one the step uses (Ranger21's warmup and
+                for parameter in model.parameters():  # warmdown; kozistr/pytorch_optimizer#169,
+                    parameter.mul_(1 - cfg.optim.lr * cfg.optim.weight_decay)  # PR 170)
         if bug.optimizer_step_missing:
             pass  # backward, scheduler step and zero_grad, no optimizer.step() between them
             # (tedlasai/learn2refocus#5)
@@ -706,6 +717,13 @@ def fit(cfg: DictConfig, log=None, probe: bool = True, attach=None, tracker=None
         elif scaler is not None:
             scaler.step(optimizer)
             scaler.update()
+        elif bug.step_size_shared_across_groups:  # buffered = self.buffer[step % 10]: the step
+            rates = [group["lr"] for group in optimizer.param_groups]  # size, lr included, cached
+            for group in optimizer.param_groups:  # by the first group and reused by every group
+                group["lr"] = rates[0]  # at that step (LiyuanLucasLiu/RAdam#24, Ranger PR 9)
+            optimizer.step()
+            for group, rate in zip(optimizer.param_groups, rates, strict=True):
+                group["lr"] = rate
         else:
             optimizer.step()
         if ema is not None:
