@@ -46,6 +46,16 @@ peak at 98% of the run, a linear decay at 99.9%, OneCycle at its end, a StepLR t
 10 three times at its last milestone, WSD in its final decay); StepLR stepped per batch instead
 of per epoch does within a few epochs' worth of steps, and one given gamma 0 at its first
 milestone."""
+AVERAGE_KEEPS = 0.5
+"""Least share of itself an EMA of the weights keeps per optimizer step: decays run 0.9 to
+0.9999; below a half the average follows the weights within a step or two, which is the decay
+given as the new weights' share (levanter PR 883's beta, 1 - decay)."""
+EPS_BOUND_SHARE = 0.1
+"""Share of Adam's elements whose denominator eps may outweigh (the root of their second
+moment below eps, so their step at least halved): eps is there to keep the division finite,
+negligible against gradients of 1e-5 to 1e-1 per element (healthy runs read 0). A tenth, as
+LOST_UPDATE_SHARE: more than a few rare rows. Set at 0.5 first and lowered after reading
+corpus batch 23's gradients_unscaled_twice at 0.40 (in-sample; its twin 0)."""
 STEPS_TAKEN = 0.9
 """Share of its declared optimizer steps a run that ends (not diverged, not stopped by hyprun)
 must have taken: a loop counts its steps exactly, so anything short is a loop that stopped
@@ -597,6 +607,75 @@ def updates_lost(lost: int, counted: int) -> list[Violation]:
             "an optimizer step",
             f"{lost} of {counted} elements with a gradient ({lost / counted:.0%}) left unchanged",
         )
+    ]
+
+
+def eps_dominates(bound: int, counted: int, eps: float | None) -> list[Violation]:
+    """More than EPS_BOUND_SHARE of the elements Adam holds a second moment for have its root
+    (the gradient's running RMS, bias-corrected) below eps, so eps sets their step: the
+    gradients that reach the optimizer are far smaller than the loss's (divided by a loss
+    scale twice, THUDM/slime PR 1842; a loss divided by a huge count) or eps is far too large
+    (mlpnlp/mlpnlp-nmt PR 4). Read from the optimizer's own state, so it sees the gradients the
+    step used, after whatever the loop did to them. Hook: after a probed step, the third on."""
+    if counted <= 0 or bound / counted <= EPS_BOUND_SHARE:
+        return []
+    return [
+        Violation(
+            "adam_eps_dominates",
+            "Adam's step denominator",
+            f"eps {eps:g} is above the gradient's running RMS in {bound} of {counted} elements "
+            f"({bound / counted:.0%})",
+        )
+    ]
+
+
+def average_decay_wrong(averages: Sequence[tuple[str, float | None, float]]) -> list[Violation]:
+    """An EMA of the weights whose step moves it away from the weights (an effective decay above
+    1: the update's sign flipped, ostris/ai-toolkit#1034) or keeps less than AVERAGE_KEEPS of it
+    (the decay given as the new weights' share). `averages`: (what it is, updates per step, its
+    effective decay per optimizer step). Hook: the copy before and after one step's update
+    against the weights it was updated toward (runner/job/averages.py)."""
+    found = []
+    for name, _, decay in averages:
+        if decay > 1 + 1e-6:
+            evidence = f"each step moves it away from the weights (decay {decay:.4g} > 1)"
+        elif decay < AVERAGE_KEEPS:
+            evidence = f"each step keeps {decay:.3g} of it and takes {1 - decay:.3g} of the weights"
+        else:
+            continue
+        found.append(Violation("ema_update_wrong", name, evidence))
+    return found
+
+
+def average_updated_per_micro_batch(
+    averages: Sequence[tuple[str, float | None, float]],
+) -> list[Violation]:
+    """An EMA of the weights that changes more than once per optimizer step (the median over
+    the steps it changed in): an average of the weights changes only when they do, so updated
+    per micro-batch under accumulation it averages the same weights several times and its
+    horizon shrinks by that factor (SWivid/F5-TTS#631). Hook: a checksum of the copy at each
+    backward and each step (runner/job/averages.py)."""
+    return [
+        Violation(
+            "ema_updated_per_micro_batch",
+            name,
+            f"it changed at least {updates:g} times per optimizer step (a median over the steps)",
+        )
+        for name, updates, _ in averages
+        if updates is not None and updates > 1
+    ]
+
+
+def dropout_changed(changes: Sequence[str]) -> list[Violation]:
+    """Dropout rates that changed between the first training step and a later one: a rate is
+    configuration, which no training step changes; code that writes one to a module when it
+    runs in eval mode (`self.dropout_p = 0`, NVIDIA/Megatron-LM PR 411) leaves it there once
+    training resumes. A user's own dropout schedule changes it too (the finding names it).
+    `changes`: "module.attr: how it changed". Hook: the rates at the first step against the
+    rates at each probed step in train mode."""
+    return [
+        Violation("dropout_rate_changed", name, evidence)
+        for name, _, evidence in (change.partition(": ") for change in changes)
     ]
 
 

@@ -178,6 +178,18 @@ class LiveFacts:
     lost_updates: tuple[int, int] | None = None
     """At the first step read before and after (an LR above 0, finite gradients): (elements with
     a non-zero gradient the step left unchanged, elements with a non-zero gradient)."""
+    eps_dominated: tuple[int, int] | None = None
+    """At a probed step from the third on: (elements whose Adam denominator eps outweighs, its
+    second moment's root below eps, elements Adam holds a non-zero second moment for); None: no
+    Adam-family state read."""
+    averages: list[tuple[str, float | None, float | None]] | None = None
+    """Per copy of the trainable weights the loop keeps (an EMA; runner/job/averages.py): (what
+    it is, its median updates per optimizer step, its median effective decay per step); None:
+    not looked for yet."""
+    dropout_changed: list[str] | None = None
+    """Dropout rates (a dropout module's p, a module's float attribute named for dropout) that
+    differ at a probed training step from the first step's, as "module.attr: was -> now"; None:
+    the model declares no dropout rate."""
     symmetric: list[str] | None = None
     """Trainable weights on the loss's path (with a .grad) of two or more rows, all rows equal,
     read at the first probed step from the third on; None: not read."""
@@ -442,6 +454,19 @@ def invariant_checks(facts: LiveFacts, rules: dict) -> list[Check]:
             f"share <= {invariants.LOST_UPDATE_SHARE:g}",
         ),
         _measured(
+            rules["adam_eps_dominates"],
+            facts.eps_dominated[0] / facts.eps_dominated[1] if facts.eps_dominated else None,
+            lambda _: invariants.eps_dominates(*facts.eps_dominated, facts.adam_eps),
+            f"share <= {invariants.EPS_BOUND_SHARE:g}",
+        ),
+        _judged(rules["dropout_rate_changed"], facts.dropout_changed, invariants.dropout_changed),
+        _judged(rules["ema_update_wrong"], _read_averages(facts), invariants.average_decay_wrong),
+        _judged(
+            rules["ema_updated_per_micro_batch"],
+            _read_averages(facts),
+            invariants.average_updated_per_micro_batch,
+        ),
+        _measured(
             rules["residual_connection_dropped"],
             invariants.lowest_stream_cosine(facts.stream_pairs or {}),
             lambda _: invariants.stream_not_carried(facts.stream_pairs),
@@ -603,6 +628,13 @@ def _measured(rule: dict, value: float | None, judge, threshold: str) -> Check:
         return _check(rule, "pass", "pass", shown, threshold)
     fields = {"where": found[0].where, "evidence": found[0].evidence}
     return _check(rule, "fail", "violated", shown, threshold, **fields)
+
+
+def _read_averages(facts: LiveFacts) -> list[tuple[str, float | None, float]] | None:
+    """The weight averages whose steps read as a linear update toward or away from the weights
+    (an effective decay): only those are an average to judge; None: none read."""
+    read = [average for average in facts.averages or [] if average[2] is not None]
+    return read or None
 
 
 def _draws_batches(facts: LiveFacts) -> bool:

@@ -281,6 +281,10 @@ class Checks(Strict):
     loss_summed: Invariant
     warmup_never_ends: Invariant
     updates_below_precision: Invariant
+    adam_eps_dominates: Invariant
+    dropout_rate_changed: Invariant
+    ema_update_wrong: Invariant
+    ema_updated_per_micro_batch: Invariant
     symmetric_init: Invariant
     residual_connection_dropped: Invariant
     activation_missing: Invariant

@@ -9,6 +9,7 @@ import lightning.pytorch as pl
 import mlflow
 import pytest
 import torch
+from lightning.pytorch.callbacks import EMAWeightAveraging, WeightAveraging
 from mlflow.tracking import MlflowClient
 from torch import nn
 
@@ -202,3 +203,34 @@ def test_lightnings_accumulation_keeps_the_losss_scale(workdir, monkeypatch, acc
     held = ("sublayer_output_discarded", "weights_overwritten", "steps_without_backward")
     for check in (*held, "freeze_set_on_module", "modules_not_registered", "logits_nonnegative"):
         assert checks[check]["status"] == "pass", checks[check]
+
+
+def _moved_away(averaged, current, num_averaged):
+    """An EMA update with its sign flipped (ostris/ai-toolkit#1034): the gap added, not taken."""
+    for average, weight in zip(averaged, current, strict=True):
+        average.add_((average - weight) * 0.1)
+
+
+@pytest.mark.parametrize(
+    ("averaging", "status"),
+    [
+        (lambda: EMAWeightAveraging(decay=0.9), "pass"),
+        (lambda: WeightAveraging(multi_avg_fn=_moved_away), "fail"),
+    ],
+    ids=["ema", "sign_flipped"],
+)
+def test_lightnings_weight_averaging_is_held_to_an_ema(workdir, monkeypatch, averaging, status):
+    """Lightning's own EMA callback (an AveragedModel it keeps beside the module) is found by the
+    probe and reads as an average of the weights, updated once per step; the same callback given
+    an update with its sign flipped fails."""
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{workdir}/mlflow.db")
+    monkeypatch.delenv("MLFLOW_RUN_ID", raising=False)
+    torch.manual_seed(0)
+    callback = HyprunLightningCallback(every_steps=2)
+    fit(TinyLM(), [averaging(), callback])
+    tags = MlflowClient(tracking_uri=f"sqlite:///{workdir}/mlflow.db").get_run(
+        callback.probe.run_id
+    )
+    checks = {c["id"]: c for c in read_l0_tags(tags.data.tags)}
+    assert checks["ema_update_wrong"]["status"] == status, checks["ema_update_wrong"]
+    assert checks["ema_updated_per_micro_batch"]["status"] == "pass"

@@ -52,6 +52,7 @@ from hyprun.diag.features import LR_MAX, SCAN_BATCH_LOSS, SCAN_TAG, VOCAB_TAG
 from hyprun.diag.live_checks import LiveFacts, l0_tags, live_checks
 from hyprun.diag.spikes import SpikeDetector
 from hyprun.runner.job import model_checks, stop
+from hyprun.runner.job.averages import AverageReader
 from hyprun.runner.job.invariant_hooks import (
     InvariantHooks,
     in_own_forward,
@@ -232,6 +233,7 @@ class Probe:
         self._scan = probes.StepScan()
         self._model_checked = False
         self._frozen_reads, self._frozen_moved = 0, set()
+        self._first_dropout: dict[str, float] = {}
         self._schedulers: list[tuple[weakref.ref, int]] = []
         self._steps_at_schedulers = 0
         self.scan_off: str | None = None if heldout is not None else NO_HELDOUT
@@ -241,6 +243,7 @@ class Probe:
         self._grad_clip = grad_clip
         self.total_steps, self.epoch_steps = total_steps, epoch_steps
         self.invariants = InvariantHooks(model, self._reads_stale_grads)
+        self.averages = AverageReader(model)
         """The run-long invariants' hooks (mode modules, gradients left over, LRs)."""
         self.invariants.pad_id = pad_id
         embedding = _input_embedding(model)
@@ -288,6 +291,7 @@ class Probe:
         self._backwards += 1
         self.invariants.loss_read_done()
         self.invariants.weights_in_use()
+        self.averages.backward()
         if loss is not None:
             self.note_loss(loss)
         self._close_activations()
@@ -327,6 +331,11 @@ class Probe:
             self._first_steps()
         metrics = dict(self._probed)
         probed = bool(self._probed or self._before)
+        if self.facts is not None and (probed or self.steps == 0):
+            self._read_dropout_rates()
+        if self.facts is not None and self.steps == 1:  # an average is built before training
+            self.averages.find()
+        self.averages.step(probed)
         if self._before:
             metrics.update(self._parameters())
         self._probed, self._before = {}, {}
@@ -494,6 +503,8 @@ class Probe:
             self.facts.lost_updates = lost_updates(
                 [self._before[n] for n in names], now, [p.grad for _, p in self.named]
             )
+        if self.facts is not None and self.facts.eps_dominated is None and self.steps >= 2:
+            self.facts.eps_dominated = eps_dominated(self.optimizer)
         if self.facts is not None and self._frozen_reads < FROZEN_READS:
             self._read_frozen_moved(names, now)
         metrics = {
@@ -508,6 +519,23 @@ class Probe:
         if self.switches["step_scan"] and self.scan_off is None:
             metrics.update(self._step_scan(delta))
         return metrics
+
+    def _read_dropout_rates(self) -> None:
+        """The model's dropout rates at the first step, then at each probed step in train mode:
+        those that changed since (invariants.dropout_changed), each named once."""
+        rates = dropout_rates(self.model)
+        if self.steps == 0:
+            self._first_dropout = rates
+            self.facts.dropout_changed = [] if rates else None
+            return
+        if not self.model.training or self.facts.dropout_changed is None:
+            return
+        named = {change.partition(": ")[0] for change in self.facts.dropout_changed}
+        self.facts.dropout_changed += [
+            f"{name}: {was:g} at the first step, {rates[name]:g} when read at step {self.steps + 1}"
+            for name, was in self._first_dropout.items()
+            if name in rates and rates[name] != was and name not in named
+        ]
 
     def _read_frozen_moved(self, names: list[str], now: list[torch.Tensor]) -> None:
         """The tensors whose gradient was zero at every probed step read so far, yet which that
@@ -656,6 +684,7 @@ class Probe:
             return  # no optimizer the probe can read: no L0 check
         read_invariants(self.facts, self.invariants, self.total_steps, self.epoch_steps)
         self.facts.scheduler_lead = self._scheduler_lead()
+        self.facts.averages = self.averages.reads()
         self.facts.unregistered = self.invariants.foreign_untrained(self.optimizer)
         checks = [asdict(c) for c in live_checks(self.facts)]
         if tracker := self._open():
@@ -901,6 +930,46 @@ def zero_grad_moved(
         if not bool(grad.any()) and not torch.equal(new, old.to(new.device)):
             moved.append(name)
     return moved
+
+
+def eps_dominated(optimizer: Any) -> tuple[int, int] | None:
+    """(elements whose bias-corrected second moment's root is below their group's eps,
+    elements with a non-zero second moment) over an Adam-family optimizer's state: what eps
+    weighs against the gradients the steps really used. None: no such state (another family,
+    no step taken yet)."""
+    optimizer = unwrapped(optimizer)
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        return None
+    bound, counted = 0, 0
+    for group in optimizer.param_groups:
+        eps, betas = group.get("eps"), group.get("betas")
+        if eps is None or betas is None:
+            continue
+        for param in group["params"]:
+            state = optimizer.state.get(param, {})
+            second, step = state.get("exp_avg_sq"), state.get("step")
+            if second is None or step is None or float(step) < 1:
+                continue
+            held = second.detach().float()
+            root = (held / (1 - float(betas[1]) ** float(step))).sqrt()
+            counted += int((held > 0).sum())
+            bound += int(((held > 0) & (root < eps)).sum())
+    return (bound, counted) if counted else None
+
+
+def dropout_rates(model: nn.Module) -> dict[str, float]:
+    """Every dropout rate the model declares, by "module.attribute": a dropout module's p and a
+    module's float attribute named for dropout (nn.MultiheadAttention's `dropout`, an
+    attention's `dropout_p`)."""
+    rates = {}
+    for name, module in model.named_modules():
+        for attribute, value in vars(module).items():
+            is_rate = "drop" in attribute.lower() or (
+                attribute == "p" and isinstance(module, nn.modules.dropout._DropoutNd)
+            )
+            if is_rate and isinstance(value, float):
+                rates[f"{name}.{attribute}" if name else attribute] = value
+    return rates
 
 
 def lost_updates(
