@@ -503,6 +503,49 @@ class ExponentialMovingAverage:
                 shadow.sub_(gap * (1 - self.decay))
 
 
+def clip_by_squared_norm(model: torch.nn.Module, max_norm: float) -> None:
+    """Gradient clipping whose norm is the gradients' sum of squares, never square-rooted
+    (bug.clip_norm_squared): when ||g||^2 exceeds max_norm, every gradient is scaled by
+    max_norm / ||g||^2, so a norm above 1 is clipped to max_norm / ||g|| instead of max_norm."""
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    squared = float(sum((g.detach().float() ** 2).sum() for g in grads))
+    if squared > max_norm:
+        for g in grads:
+            g.mul_(max_norm / (squared + 1e-6))
+
+
+@torch.no_grad()
+def adam_step_by_hand(optimizer: torch.optim.Optimizer, bug) -> None:
+    """One AdamW step written out, with decoupled weight decay, on the optimizer's own groups and
+    state (lr, betas, eps, weight_decay as configured), with one of two reported bias-correction
+    bugs. bug.adam_bias_correction_in_place: the first moment is bias-corrected in its buffer,
+    exp_avg.div_(1 - beta1 ** t), so each step's correction compounds on the last ones
+    (frgfm/holocron#1). bug.adam_bias_correction_inverted: each correction is written
+    1 - (1 - beta ** t), the minus one taken twice, so the moments are divided by beta ** t
+    instead of 1 - beta ** t (kozistr/pytorch_optimizer PR 308)."""
+    for group in optimizer.param_groups:
+        beta1, beta2 = group["betas"]
+        for p in group["params"]:
+            if p.grad is None:
+                continue
+            state = optimizer.state[p]
+            if not state:
+                state["step"] = 0
+                state["exp_avg"] = torch.zeros_like(p)
+                state["exp_avg_sq"] = torch.zeros_like(p)
+            state["step"] += 1
+            t, m, v = state["step"], state["exp_avg"], state["exp_avg_sq"]
+            p.mul_(1 - group["lr"] * group["weight_decay"])
+            m.mul_(beta1).add_(p.grad, alpha=1 - beta1)
+            v.mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
+            if bug.adam_bias_correction_in_place:
+                m.div_(1 - beta1**t)  # written into the buffer the next step decays
+                m_hat, v_hat = m, v / (1 - beta2**t)
+            else:
+                m_hat, v_hat = m / (1 - (1 - beta1**t)), v / (1 - (1 - beta2**t))
+            p.addcdiv_(m_hat, v_hat.sqrt().add_(group["eps"]), value=-group["lr"])
+
+
 def resume(cfg: DictConfig, model: torch.nn.Module) -> dict:
     """A checkpoint of the weights written and the run resumed from it (train.resume_after): the
     model re-initialised as a new process builds it, then the saved state dict loaded into it.
@@ -680,7 +723,10 @@ def fit(cfg: DictConfig, log=None, probe: bool = True, attach=None, tracker=None
                 for parameter in model.parameters():  # divided by the loss scale twice
                     if parameter.grad is not None:  # (THUDM/slime PR 1842)
                         parameter.grad.mul_(inverse)
-        if cfg.optim.clip and not bug.clip_after_step and clip_params is not None:
+        if cfg.optim.clip and not bug.clip_after_step and bug.clip_norm_squared:
+            clip_by_squared_norm(model, cfg.optim.clip)  # ||g||^2 compared with max_norm and
+            # divided into it (paiml/entrenar#311)
+        elif cfg.optim.clip and not bug.clip_after_step and clip_params is not None:
             torch.nn.utils.clip_grad_norm_(clip_params, cfg.optim.clip)  # (pytorch#148259)
         elif cfg.optim.clip and not bug.clip_after_step:  # (milesial/Pytorch-UNet#468)
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.clip)
@@ -724,6 +770,9 @@ def fit(cfg: DictConfig, log=None, probe: bool = True, attach=None, tracker=None
             optimizer.step()
             for group, rate in zip(optimizer.param_groups, rates, strict=True):
                 group["lr"] = rate
+        elif bug.adam_bias_correction_in_place or bug.adam_bias_correction_inverted:
+            adam_step_by_hand(optimizer, bug)  # a hand-written AdamW step (frgfm/holocron#1,
+            # kozistr/pytorch_optimizer PR 308)
         else:
             optimizer.step()
         if ema is not None:
@@ -791,6 +840,10 @@ def fit(cfg: DictConfig, log=None, probe: bool = True, attach=None, tracker=None
                 model.train()
         if t.resume_after and step == round(t.resume_after * t.steps):  # a checkpoint written,
             initial = resume(cfg, model)  # the run resumed from it, the EMA's state with it
+            if bug.resume_replays_data:  # the relaunched loader, seeded as at the first launch,
+                stream = micro_batches(cfg, train_set)  # replays the first epoch's order from
+                # its first batch while the model resumes mid-run (kyutai-labs/pocket-tts PR 287,
+                # fangchangma/sparse-to-dense.pytorch#19)
             if t.resume_lr and not bug.resume_lr_overridden:  # the new LR set on the resumed
                 for group in optimizer.param_groups:  # optimizer, after its state is loaded
                     group["lr"] = t.resume_lr
