@@ -121,6 +121,16 @@ class TinyLM(nn.Module):
     and its result never assigned (`F.dropout(dx, p)` for `dx = F.dropout(dx, p)`), so the
     attention's and the feed-forward block's outputs reach the residual stream undropped."""
 
+    emb_dropout_twice = False
+    """On (bug.emb_dropout_applied_twice): the embeddings' dropout is called a second time on its
+    own output (`x = self.inp_drop(x)` left in twice), so each embedding value is dropped with
+    probability 1 - (1 - p) ** 2 instead of p."""
+
+    pos_emb_detached = False
+    """On (bug.pos_emb_read_through_data): the position embedding is added as its weight's
+    `.data`, a tensor detached from the graph, so no gradient reaches it and the learned
+    positions stay at their initial draw."""
+
     def __init__(
         self,
         vocab: int,
@@ -145,7 +155,10 @@ class TinyLM(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         t = x.shape[1]
-        h = self.tok_emb(x) + self.pos_emb(torch.arange(t, device=x.device))
+        if self.pos_emb_detached:  # X + self.pos_embedding.data[:, :X.shape[1], :]: detached,
+            h = self.tok_emb(x) + self.pos_emb.weight.data[:t]  # so it never trains (d2l PR 2121)
+        else:
+            h = self.tok_emb(x) + self.pos_emb(torch.arange(t, device=x.device))
         if self.emb_dropout and self.dropout_scaled_by_p:  # kept / p, not / (1 - p)
             if self.training:  # (lmjohns3/theanets PR 123); evaluation: the identity
                 h = h * (torch.rand_like(h) >= self.emb_dropout) / self.emb_dropout
@@ -153,6 +166,8 @@ class TinyLM(nn.Module):
             h = F.dropout(h, self.emb_dropout)  # rixwew/pytorch-fm#21, pytorch#26338
         elif self.emb_dropout:
             h = F.dropout(h, self.emb_dropout, training=self.training)
+            if self.emb_dropout_twice:  # x = self.inp_drop(x) a second time (ConvE#19)
+                h = F.dropout(h, self.emb_dropout, training=self.training)
         if self.residual_overwritten:  # kyegomez/BitNet#32: x = attn(x); x = x + x
             for layer in self.encoder.layers:
                 h = layer._sa_block(layer.norm1(h), self.mask[:t, :t], None, is_causal=True)

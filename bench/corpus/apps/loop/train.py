@@ -93,6 +93,8 @@ def build(cfg: DictConfig) -> tuple:
     model.logits_relu = bug.logits_relu  # (pytorch/tutorials PR 1644, huyng/tensorflow-vgg#13)
     model.softmax_across_heads = bug.attention_softmax_across_heads  # (detr#247)
     model.residual_dropout_discarded = bug.residual_dropout_not_assigned  # (templateGPT#1)
+    model.emb_dropout_twice = bug.emb_dropout_applied_twice  # (TimDettmers/ConvE#19)
+    model.pos_emb_detached = bug.pos_emb_read_through_data  # (d2l-ai/d2l-en PR 2121)
     if bug.dropout_rate_not_passed:  # self.dropout = nn.Dropout(): the constructor's dropout
         for layer in model.encoder.layers:  # argument never passed on, so torch's default p=0.5
             layer.dropout = torch.nn.Dropout()  # replaces the configured rate in every layer's
@@ -306,6 +308,18 @@ def cosine_schedule(cfg: DictConfig, optimizer) -> torch.optim.lr_scheduler.Lamb
         cycle, within = divmod(step - warmup, horizon - warmup)
         return RESTART_GAMMA**cycle * 0.5 * (1 + math.cos(math.pi * within / (horizon - warmup)))
 
+    if cfg.bug.cosine_progress_clamped:  # num_iters_ = min(num_iters, end_iter - warmup_iter);
+        # num_iters_ -= warmup_iter; lr = 0.5 * max_lr * (1 + cos(pi * num_iters_ / end_iter)):
+        # the cosine's progress over the whole run, clamped at end - warmup, so it never decays
+        # to its end and stays flat over the last warmup steps (EleutherAI/gpt-neox PR 1008)
+
+        def clamped(step: int) -> float:
+            if step < warmup:
+                return (step + 1) / warmup
+            within = min(step, horizon - warmup) - warmup
+            return 0.5 * (1 + math.cos(math.pi * within / horizon))
+
+        return torch.optim.lr_scheduler.LambdaLR(optimizer, clamped)
     if cfg.bug.warmup_lambda_uncapped:  # LambdaLR(lr_lambda=lambda step: step / warmup_steps):
         return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: s / warmup)  # no min(1, .)
         # and no decay after it (Adit-Jain-srm/NightmareNet PR 158)
@@ -434,10 +448,14 @@ def micro_batches(cfg: DictConfig, data: dict):
         epoch += 1
 
 
-def step_loss(model, micro: list, bug, accum: int, smoothing: float = 0.0, scaler=None) -> float:
+def step_loss(
+    model, micro: list, bug, accum: int, smoothing: float = 0.0, scaler=None, l2: float = 0.0
+) -> float:
     """Forward and backward over one optimizer step's micro-batches; the step's mean loss.
     `scaler`: a GradScaler (train.amp=fp16): the forward runs under fp16 autocast and the
-    backward on the scaled loss."""
+    backward on the scaled loss. `l2` (bug.l2_penalty_beside_weight_decay): an L2 penalty,
+    l2 x the sum of every trained parameter's squares, added to the loss beside the optimizer's
+    own weight decay (0: none)."""
     if scaler is not None:
         with torch.autocast("cpu", dtype=torch.float16):
             losses = [token_loss(model(x), x, y, bug, smoothing) for x, y in micro]
@@ -463,6 +481,10 @@ def step_loss(model, micro: list, bug, accum: int, smoothing: float = 0.0, scale
             scaled = total  # the / batch_size (ShusenTang/Dive-into-DL-PyTorch#75)
         else:  # the step's token sum over its token count
             scaled = total / step_tokens
+        if l2:  # loss = loss + model.l2() * l2_weight, the optimizer built with
+            penalty = sum(p.pow(2).sum() for p in model.parameters() if p.requires_grad)
+            scaled = scaled + l2 * penalty / accum  # weight_decay=l2_weight too (RecBole#872,
+            # rutgerswiselab/NCR#2)
         if scaler is not None:
             scaled = scaler.scale(scaled)
         scaled.backward(retain_graph=False)
@@ -708,7 +730,8 @@ def fit(cfg: DictConfig, log=None, probe: bool = True, attach=None, tracker=None
         if bug.val_batch_trained_on and step > 1 and (step - 1) % t.eval_every == 0:
             micro[0] = (heldout["x"][-t.batch :], heldout["y"][-t.batch :])  # the last
             # validation batch, left in the training batch's name (karpathy/llm.c PR 500)
-        loss = step_loss(model, micro, bug, t.accum, smoothing, scaler)
+        l2 = cfg.optim.weight_decay if bug.l2_penalty_beside_weight_decay else 0.0
+        loss = step_loss(model, micro, bug, t.accum, smoothing, scaler, l2)
         if bug.frozen_weights_decayed and cfg.model.freeze_emb:  # the frozen rows' gradients
             for parameter in (*model.tok_emb.parameters(), *model.pos_emb.parameters()):  # zeroed,
                 parameter.grad.zero_()  # the optimizer's weight decay still applied to them
