@@ -46,6 +46,11 @@ peak at 98% of the run, a linear decay at 99.9%, OneCycle at its end, a StepLR t
 10 three times at its last milestone, WSD in its final decay); StepLR stepped per batch instead
 of per epoch does within a few epochs' worth of steps, and one given gamma 0 at its first
 milestone."""
+DISTINCT_ROWS = 0.5
+"""Least share of distinct rows among those an epoch's first steps read: within an epoch each
+row comes once (1.0); even drawn with replacement, n draws from n rows are 63% distinct. Below
+a half the data holds far fewer rows than the epoch the loop declares (filtered away, or each
+row replayed by several workers)."""
 AVERAGE_KEEPS = 0.5
 """Least share of itself an EMA of the weights keeps per optimizer step: decays run 0.9 to
 0.9999; below a half the average follows the weights within a step or two, which is the decay
@@ -625,6 +630,36 @@ def eps_dominates(bound: int, counted: int, eps: float | None) -> list[Violation
             "Adam's step denominator",
             f"eps {eps:g} is above the gradient's running RMS in {bound} of {counted} elements "
             f"({bound / counted:.0%})",
+        )
+    ]
+
+
+def distinct_share(rows: Sequence[tuple[int, int]], epoch_steps: int | None) -> float | None:
+    """The share of distinct rows among those read in the first min(epoch_steps, the steps
+    read) steps, once the run is past them. `rows`: (optimizer step, row hash). None: the
+    epoch's length is unknown or under two steps, or too few steps were read."""
+    if not rows or not epoch_steps or epoch_steps < 2:
+        return None
+    window = min(epoch_steps, max(step for step, _ in rows) + 1)
+    if window < 2 or window < min(epoch_steps, 8):
+        return None
+    read = [row for step, row in rows if step < window]
+    return len(set(read)) / len(read)
+
+
+def rows_repeat(share: float) -> list[Violation]:
+    """Rows repeated within the epoch the loop declares: fewer than DISTINCT_ROWS of the rows
+    its first steps read are distinct, so the data it trains on is far smaller than the epoch
+    it declares (a filter that kept a few rows, huggingface/trl#467; workers each replaying the
+    stream, huggingface/datasets#3423), and the run cycles over those rows. Hook: a hash of each
+    training row the first steps read (runner/job/invariant_hooks.ROW_READ_STEPS)."""
+    if share >= DISTINCT_ROWS:
+        return []
+    return [
+        Violation(
+            "rows_repeat_within_epoch",
+            "the first epoch's steps",
+            f"{share:.0%} of the rows they read are distinct",
         )
     ]
 

@@ -141,6 +141,9 @@ class LiveFacts:
     padding_reads: list[tuple[int, int]] = field(default_factory=list)
     """Per cross-entropy call of the first steps with an attention mask: (targets counted at a
     masked position, targets counted) (invariants.loss_on_padding)."""
+    epoch_rows: list[tuple[int, int]] = field(default_factory=list)
+    """(optimizer step, row hash) of each training row read in the first steps
+    (runner/job/invariant_hooks.ROW_READ_STEPS), for rows repeated within an epoch."""
     batch_prints: list[int] = field(default_factory=list)
     """A hash of the input ids of each of the first steps (invariants.repeated_batches)."""
     step_norms: list[float] = field(default_factory=list)
@@ -460,6 +463,12 @@ def invariant_checks(facts: LiveFacts, rules: dict) -> list[Check]:
             f"share <= {invariants.EPS_BOUND_SHARE:g}",
         ),
         _judged(rules["dropout_rate_changed"], facts.dropout_changed, invariants.dropout_changed),
+        _measured(
+            rules["rows_repeat_within_epoch"],
+            invariants.distinct_share(facts.epoch_rows, facts.epoch_steps),
+            invariants.rows_repeat,
+            f"distinct share >= {invariants.DISTINCT_ROWS:g}",
+        ),
         _judged(rules["ema_update_wrong"], _read_averages(facts), invariants.average_decay_wrong),
         _judged(
             rules["ema_updated_per_micro_batch"],

@@ -285,6 +285,7 @@ class Checks(Strict):
     dropout_rate_changed: Invariant
     ema_update_wrong: Invariant
     ema_updated_per_micro_batch: Invariant
+    rows_repeat_within_epoch: Invariant
     symmetric_init: Invariant
     residual_connection_dropped: Invariant
     activation_missing: Invariant

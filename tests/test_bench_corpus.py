@@ -22,6 +22,10 @@ ROWS = load_corpus().rows
 EVERY_ROW = all_rows()
 TINY = ["train.steps=8", "train.eval_every=4", "data.n_train=64", "model.d_model=16"]
 """A run of a few seconds' fraction: 4 optimizer steps per epoch, so per-epoch switches act."""
+FULL: list[str] = []
+"""The run as the row's harm was measured: for switches that act only past TINY's scale (a
+filter that keeps under one batch of its 64 rows, a clip its small gradients never reach, a
+schedule's change late in the run)."""
 
 
 def test_at_least_fifteen_rows_each_with_a_public_source():
@@ -43,9 +47,20 @@ def test_each_switch_is_off_in_the_twin_and_changes_training(row):
     twin = app_config(row.form, row.twin_overrides)
     assert OmegaConf.select(twin, row.switch) is False  # all off: the clean twin
     assert OmegaConf.select(app_config(row.form, row.fault_overrides), row.switch) is True
-    fault_loss = final_eval_loss(row.form, [*TINY, *row.fault_overrides], seed=0)
-    twin_loss = final_eval_loss(row.form, [*TINY, *row.twin_overrides], seed=0)
-    assert fault_loss != pytest.approx(twin_loss, rel=1e-6, abs=1e-7), row.id
+    assert changes_training(row, TINY) or changes_training(row, FULL), row.id
+
+
+def changes_training(row: Row, scale: list[str]) -> bool:
+    """Whether the fault's run ends at another held-out loss than its twin's at `scale`; False
+    where the fault leaves less than one batch to train on there."""
+    try:
+        fault_loss = final_eval_loss(row.form, [*scale, *row.fault_overrides], seed=0)
+    except ValueError as error:
+        if "fewer than one batch" in str(error):
+            return False
+        raise
+    twin_loss = final_eval_loss(row.form, [*scale, *row.twin_overrides], seed=0)
+    return fault_loss != pytest.approx(twin_loss, rel=1e-6, abs=1e-7)
 
 
 def test_fix_cards_are_cards_that_apply_to_the_fault():

@@ -1168,6 +1168,7 @@ NO_CARD_ROWS = {"noisy_labels", "noisy_labels_flat"} | {  # broken invariants: a
     "dropout_rate_changed",
     "ema_update_wrong",
     "ema_updated_per_micro_batch",
+    "rows_repeat_within_epoch",
     "frozen_weights_decayed",
     "batch_index_encoded",
     "dropout_on_residual_stream",

@@ -67,6 +67,7 @@ PROBE_CHECKS = (
     "dropout_rate_changed",
     "ema_update_wrong",
     "ema_updated_per_micro_batch",
+    "rows_repeat_within_epoch",
     "frozen_weights_decayed",
     "batch_index_encoded",
     "dropout_on_residual_stream",

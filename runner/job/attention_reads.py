@@ -160,9 +160,13 @@ class _AttentionMode(torch.overrides.TorchFunctionMode):
                 self.keep(out, _Traced(weakref.ref(out), scale, head_dim=left.shape[-1]))
 
     def _softmax(self, scores, out) -> None:
-        if not (torch.is_tensor(scores) and _square(scores)):
+        """Softmax weights from square scores, or from traced q.k scores in any shape (a
+        softmax over heads x keys reads scores reshaped to one row per query)."""
+        if not torch.is_tensor(scores):
             return
         traced = self.find(scores)
+        if not _square(scores) and (traced is None or not traced.head_dim):
+            return
         if traced is not None and traced.head_dim:
             self.reads.scales.append(traced.scale * traced.head_dim**0.5)
         self.keep(out, _Traced(weakref.ref(out), weights=True))

@@ -26,6 +26,9 @@ MODE_MODULES = (nn.Dropout, nn.modules.batchnorm._BatchNorm)
 """Modules whose forward depends on train/eval mode."""
 MIN_LABELS = 16
 """Targets a label read needs at every offset (fewer: a classifier's few labels, not judged)."""
+ROW_READ_STEPS = 64
+"""Optimizer steps whose training rows are hashed, for rows repeated within an epoch: the
+first epoch's, or this many of them (any prefix of an epoch holds each row once)."""
 LOSS_READ_STEPS = 3
 """Optimizer steps whose first training forward and loss are read for cross-entropy's input
 (a bug of the code is there from the first step; every op of those forwards passes through
@@ -288,6 +291,8 @@ class InvariantHooks:
         self.attention: AttentionReads | None = None
         """How the model's attention scales q.k and normalises its weights (attention_reads)."""
         self.heldout_rows: set[int] | None = None
+        self.epoch_rows: list[tuple[int, int]] = []
+        """(step, row hash) of each training row read in the first ROW_READ_STEPS steps."""
         """A hash of each row of the held-out batch's ids, once the probe has read it."""
         self.heldout_ids: torch.Tensor | None = None
         """The held-out batch's ids (on the CPU), once the probe has read it."""
@@ -485,6 +490,10 @@ class InvariantHooks:
             if self._loss_mode is None:
                 self._loss_mode = LossInputs(self)  # until the backward is done
                 self._loss_mode.__enter__()
+        if self._step < ROW_READ_STEPS and torch.is_grad_enabled():
+            ids = read_ids(args, kwargs)
+            if ids is not None:
+                self.epoch_rows += [(self._step, row) for row in row_hashes(ids)]
         if self.heldout_rows and torch.is_grad_enabled() and self.checked_steps(self._step):
             ids = read_ids(args, kwargs)
             if ids is not None:

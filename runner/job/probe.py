@@ -1214,6 +1214,7 @@ def read_invariants(
     facts.trainable_elements, facts.total_elements = hooks.trainable_elements, hooks.total_elements
     facts.lrs, facts.total_steps = list(hooks.lrs), total_steps
     facts.stream, facts.epoch_steps = list(hooks.stream), epoch_steps
+    facts.epoch_rows = list(hooks.epoch_rows)
     facts.loss_inputs = list(hooks.loss_inputs)
     facts.nll_inputs = list(hooks.nll_inputs)
     facts.soft_targets = list(hooks.soft_targets)

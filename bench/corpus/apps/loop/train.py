@@ -430,7 +430,13 @@ def epoch_batches(cfg: DictConfig, data: dict, epoch: int, seed: int) -> list:
 def micro_batches(cfg: DictConfig, data: dict):
     """An endless stream of (x, y) micro-batches, epoch after epoch."""
     bug = cfg.bug
-    first = epoch_batches(cfg, data, 0, cfg.data.seed)[0]
+    batches = epoch_batches(cfg, data, 0, cfg.data.seed)
+    if not batches:  # whole batches only (drop_last): say so, not an IndexError
+        raise ValueError(
+            f"the training set holds {len(data['x'])} rows, fewer than one batch "
+            f"of {cfg.train.batch}"
+        )
+    first = batches[0]
     epoch = 0
     while True:
         batches = epoch_batches(cfg, data, epoch, cfg.data.seed)
