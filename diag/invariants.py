@@ -634,6 +634,24 @@ def eps_dominates(bound: int, counted: int, eps: float | None) -> list[Violation
     ]
 
 
+def adam_step_beyond(worst: float, beyond: int, judged: int, step: int) -> list[Violation]:
+    """An optimizer that calls itself Adam moved an element further in one step than Adam's
+    update can move it whatever the gradients (runner/job/adam_step.py: LR x (1 - beta1) /
+    sqrt((1 - beta2)(1 - beta1**2 / beta2)), float32 rounding allowed): its own arithmetic is
+    wrong, a bias correction written into its buffer or inverted (frgfm/holocron#1,
+    kozistr/pytorch_optimizer PR 308). Hook: the weights before and after each probed step."""
+    if beyond <= 0:
+        return []
+    return [
+        Violation(
+            "adam_step_beyond_bound",
+            f"optimizer step {step}",
+            f"{beyond} of {judged} elements moved beyond Adam's largest step, the largest "
+            f"{worst:.3g}x it",
+        )
+    ]
+
+
 def distinct_share(rows: Sequence[tuple[int, int]], epoch_steps: int | None) -> float | None:
     """The share of distinct rows among those read in the first min(epoch_steps, the steps
     read) steps, once the run is past them. `rows`: (optimizer step, row hash). None: the

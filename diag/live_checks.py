@@ -185,6 +185,10 @@ class LiveFacts:
     """At a probed step from the third on: (elements whose Adam denominator eps outweighs, its
     second moment's root below eps, elements Adam holds a non-zero second moment for); None: no
     Adam-family state read."""
+    adam_step_excess: tuple[float, int, int, int] | None = None
+    """Over the probed steps of an optimizer that calls itself Adam: (the largest step over
+    Adam's own bound, elements beyond it, elements judged, the step) at the step with the
+    largest; None: none judged (another family, betas without a bound, low-precision weights)."""
     averages: list[tuple[str, float | None, float | None]] | None = None
     """Per copy of the trainable weights the loop keeps (an EMA; runner/job/averages.py): (what
     it is, its median updates per optimizer step, its median effective decay per step); None:
@@ -461,6 +465,12 @@ def invariant_checks(facts: LiveFacts, rules: dict) -> list[Check]:
             facts.eps_dominated[0] / facts.eps_dominated[1] if facts.eps_dominated else None,
             lambda _: invariants.eps_dominates(*facts.eps_dominated, facts.adam_eps),
             f"share <= {invariants.EPS_BOUND_SHARE:g}",
+        ),
+        _measured(
+            rules["adam_step_beyond_bound"],
+            facts.adam_step_excess[0] if facts.adam_step_excess else None,
+            lambda _: invariants.adam_step_beyond(*facts.adam_step_excess),
+            "largest step / bound <= 1",
         ),
         _judged(rules["dropout_rate_changed"], facts.dropout_changed, invariants.dropout_changed),
         _measured(

@@ -1165,6 +1165,7 @@ NO_CARD_ROWS = {"noisy_labels", "noisy_labels_flat"} | {  # broken invariants: a
     "scheduler_outpaces_optimizer",
     "run_ended_early",
     "adam_eps_dominates",
+    "adam_step_beyond_bound",
     "dropout_rate_changed",
     "ema_update_wrong",
     "ema_updated_per_micro_batch",

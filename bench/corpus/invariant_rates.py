@@ -64,6 +64,7 @@ PROBE_CHECKS = (
     "scheduler_outpaces_optimizer",
     "run_ended_early",
     "adam_eps_dominates",
+    "adam_step_beyond_bound",
     "dropout_rate_changed",
     "ema_update_wrong",
     "ema_updated_per_micro_batch",

@@ -52,6 +52,7 @@ from hyprun.diag.features import LR_MAX, SCAN_BATCH_LOSS, SCAN_TAG, VOCAB_TAG
 from hyprun.diag.live_checks import LiveFacts, l0_tags, live_checks
 from hyprun.diag.spikes import SpikeDetector
 from hyprun.runner.job import model_checks, stop
+from hyprun.runner.job.adam_step import steps_beyond_bound
 from hyprun.runner.job.averages import AverageReader
 from hyprun.runner.job.invariant_hooks import (
     InvariantHooks,
@@ -219,6 +220,7 @@ class Probe:
         self._replay: Callable[[], Any] | None = None
         self._probed: dict[str, float] = {}
         self._before: dict[str, torch.Tensor] = {}
+        self._before_lrs: list[float] = []
         self._activations: ExitStack | None = None
         self._block_stats: probes.BlockStats | None = None
         self._handles = []
@@ -306,6 +308,7 @@ class Probe:
             self._first_backward()
         if self.probing and self.switches["parameters"] and not self._before:
             self._before = {n: _full_param(p).detach().float().clone() for n, p in self.named}
+            self._before_lrs = [float(g["lr"]) for g in getattr(self.optimizer, "param_groups", [])]
         if self.probing:
             self.schedule.spent(time.perf_counter() - start)
 
@@ -505,6 +508,8 @@ class Probe:
             )
         if self.facts is not None and self.facts.eps_dominated is None and self.steps >= 2:
             self.facts.eps_dominated = eps_dominated(self.optimizer)
+        if self.facts is not None:
+            self._read_adam_step(names, now)
         if self.facts is not None and self._frozen_reads < FROZEN_READS:
             self._read_frozen_moved(names, now)
         metrics = {
@@ -519,6 +524,16 @@ class Probe:
         if self.switches["step_scan"] and self.scan_off is None:
             metrics.update(self._step_scan(delta))
         return metrics
+
+    def _read_adam_step(self, names: list[str], now: list[torch.Tensor]) -> None:
+        """The probed step's largest Adam step over its bound (runner/job/adam_step.py), kept
+        where it is the largest read so far."""
+        read = steps_beyond_bound(
+            unwrapped(self.optimizer), self.named, self._before, now, self._before_lrs
+        )
+        kept = self.facts.adam_step_excess
+        if read is not None and (kept is None or read[0] > kept[0]):
+            self.facts.adam_step_excess = (*read, self.steps)
 
     def _read_dropout_rates(self) -> None:
         """The model's dropout rates at the first step, then at each probed step in train mode:

@@ -357,6 +357,9 @@ def make_optimizer(cfg: DictConfig, model: torch.nn.Module) -> torch.optim.Optim
         return torch.optim.AdamW(params, lr=o.lr, weight_decay=0.0)
     if bug.adam_eps_too_large:  # eps=0.1 where 1e-8 was meant (mlpnlp/mlpnlp-nmt#4)
         return torch.optim.AdamW(params, lr=o.lr, weight_decay=o.weight_decay, eps=0.1)
+    if bug.adam_bias_correction_in_place or bug.adam_bias_correction_inverted:
+        return HandWrittenAdamW(params, o.lr, o.weight_decay, bug)  # (frgfm/holocron#1,
+        # kozistr/pytorch_optimizer PR 308)
     if bug.adam_beta2_inverted:  # 0.999 given where 1 - beta2 was read (mila-iqia/blocks#1159)
         betas = (0.9, 1 - 0.999)
         return torch.optim.AdamW(params, lr=o.lr, weight_decay=o.weight_decay, betas=betas)
@@ -542,36 +545,46 @@ def clip_by_squared_norm(model: torch.nn.Module, max_norm: float) -> None:
             g.mul_(max_norm / (squared + 1e-6))
 
 
-@torch.no_grad()
-def adam_step_by_hand(optimizer: torch.optim.Optimizer, bug) -> None:
-    """One AdamW step written out, with decoupled weight decay, on the optimizer's own groups and
-    state (lr, betas, eps, weight_decay as configured), with one of two reported bias-correction
-    bugs. bug.adam_bias_correction_in_place: the first moment is bias-corrected in its buffer,
+class HandWrittenAdamW(torch.optim.Optimizer):
+    """AdamW written out as an optimizer of its own, decoupled weight decay included, with one of
+    two reported bias-correction bugs (both reports' optimizers are classes like this one).
+    bug.adam_bias_correction_in_place: the first moment is bias-corrected in its buffer,
     exp_avg.div_(1 - beta1 ** t), so each step's correction compounds on the last ones
     (frgfm/holocron#1). bug.adam_bias_correction_inverted: each correction is written
     1 - (1 - beta ** t), the minus one taken twice, so the moments are divided by beta ** t
     instead of 1 - beta ** t (kozistr/pytorch_optimizer PR 308)."""
-    for group in optimizer.param_groups:
-        beta1, beta2 = group["betas"]
-        for p in group["params"]:
-            if p.grad is None:
-                continue
-            state = optimizer.state[p]
-            if not state:
-                state["step"] = 0
-                state["exp_avg"] = torch.zeros_like(p)
-                state["exp_avg_sq"] = torch.zeros_like(p)
-            state["step"] += 1
-            t, m, v = state["step"], state["exp_avg"], state["exp_avg_sq"]
-            p.mul_(1 - group["lr"] * group["weight_decay"])
-            m.mul_(beta1).add_(p.grad, alpha=1 - beta1)
-            v.mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
-            if bug.adam_bias_correction_in_place:
-                m.div_(1 - beta1**t)  # written into the buffer the next step decays
-                m_hat, v_hat = m, v / (1 - beta2**t)
-            else:
-                m_hat, v_hat = m / (1 - (1 - beta1**t)), v / (1 - (1 - beta2**t))
-            p.addcdiv_(m_hat, v_hat.sqrt().add_(group["eps"]), value=-group["lr"])
+
+    def __init__(self, params, lr: float, weight_decay: float, bug) -> None:
+        super().__init__(
+            params, {"lr": lr, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": weight_decay}
+        )
+        self.bug = bug
+
+    @torch.no_grad()
+    def step(self, closure=None) -> None:
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is not None:
+                    self._update(p, group, beta1, beta2)
+
+    def _update(self, p: torch.Tensor, group: dict, beta1: float, beta2: float) -> None:
+        state = self.state[p]
+        if not state:
+            state["step"] = 0
+            state["exp_avg"] = torch.zeros_like(p)
+            state["exp_avg_sq"] = torch.zeros_like(p)
+        state["step"] += 1
+        t, m, v = state["step"], state["exp_avg"], state["exp_avg_sq"]
+        p.mul_(1 - group["lr"] * group["weight_decay"])
+        m.mul_(beta1).add_(p.grad, alpha=1 - beta1)
+        v.mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
+        if self.bug.adam_bias_correction_in_place:
+            m.div_(1 - beta1**t)  # written into the buffer the next step decays
+            m_hat, v_hat = m, v / (1 - beta2**t)
+        else:
+            m_hat, v_hat = m / (1 - (1 - beta1**t)), v / (1 - (1 - beta2**t))
+        p.addcdiv_(m_hat, v_hat.sqrt().add_(group["eps"]), value=-group["lr"])
 
 
 def resume(cfg: DictConfig, model: torch.nn.Module) -> dict:
@@ -799,9 +812,6 @@ def fit(cfg: DictConfig, log=None, probe: bool = True, attach=None, tracker=None
             optimizer.step()
             for group, rate in zip(optimizer.param_groups, rates, strict=True):
                 group["lr"] = rate
-        elif bug.adam_bias_correction_in_place or bug.adam_bias_correction_inverted:
-            adam_step_by_hand(optimizer, bug)  # a hand-written AdamW step (frgfm/holocron#1,
-            # kozistr/pytorch_optimizer PR 308)
         else:
             optimizer.step()
         if ema is not None:

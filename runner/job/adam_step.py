@@ -1,0 +1,89 @@
+"""How far beyond Adam's own bound an optimizer that calls itself Adam stepped.
+
+Adam's step on an element is LR x m_hat / (sqrt(v_hat) + eps). By Cauchy-Schwarz on the two
+moments' sums, whatever the gradients, |m_hat| / sqrt(v_hat) never exceeds
+
+    (1 - beta1) / sqrt((1 - beta2) (1 - beta1**2 / beta2))
+
+(7.27 at the usual betas 0.9, 0.999; the bias corrections only lower it, as
+(1 - r**t)(1 - beta2**t) <= (1 - beta1**t)**2 for r = beta1**2 / beta2). The bound holds for
+any gradient sequence, clipped, scaled or sparse, so a step beyond it is no property of the
+data: the optimizer's own arithmetic is wrong (a bias correction written into its buffer, a
+correction inverted; frgfm/holocron#1, kozistr/pytorch_optimizer PR 308). Where beta1**2 >=
+beta2 there is no bound, and nothing is judged.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+import torch
+from torch import nn
+
+ADAM_NAMES = re.compile(r"adam", re.IGNORECASE)
+"""Optimizer classes that call themselves Adam: torch's Adam and AdamW, DeepSpeed's, a loop's
+own."""
+NOT_BOUNDED = re.compile(r"(?<![A-Z])(?:R|N|P|QH)Adam|(?i:adabelief|lamb|schedulefree)")
+"""Adam's relatives whose step is not Adam's (RAdam's first steps are plain momentum, NAdam's
+and QHAdam's add the raw gradient, AdaBelief divides by the gradient's deviation, LAMB scales
+by a trust ratio): they carry Adam in their name, not its bound."""
+ROUNDING = 4 * torch.finfo(torch.float32).eps
+"""A float32 element's rounding, relative to its value, allowed twice over in the measured
+step: the update and the decay each round the weight once."""
+
+
+def adam_bound(betas: tuple[float, float]) -> float | None:
+    """The largest |step| / LR Adam takes with these betas; None where beta1**2 >= beta2."""
+    beta1, beta2 = float(betas[0]), float(betas[1])
+    if not 0 <= beta1 < 1 or not 0 < beta2 < 1 or beta1**2 >= beta2:
+        return None
+    return (1 - beta1) / math.sqrt((1 - beta2) * (1 - beta1**2 / beta2))
+
+
+def calls_itself_adam(optimizer: Any) -> bool:
+    """torch's Adam or AdamW, or a class named for Adam that is not one of its relatives."""
+    if isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
+        return True
+    name = type(optimizer).__name__
+    return bool(ADAM_NAMES.search(name)) and not NOT_BOUNDED.search(name)
+
+
+def steps_beyond_bound(
+    optimizer: Any,
+    named: list[tuple[str, nn.Parameter]],
+    before: dict[str, torch.Tensor],
+    now: list[torch.Tensor],
+    lrs: list[float],
+) -> tuple[float, int, int] | None:
+    """(the largest step over its bound, elements stepped beyond it, elements judged) for one
+    optimizer step, from the weights before and after it. `lrs`: each group's LR when the step
+    began (the larger of it and the LR now is used, so a schedule stepped in between only lowers
+    the read). The decoupled decay LR x wd x w is taken out where that lowers the step (AdamW's;
+    Adam's L2 decay is in its gradient, within the bound). Judged: float32/64 weights of an
+    optimizer that calls itself Adam; None where nothing is judged."""
+    if not isinstance(optimizer, torch.optim.Optimizer) or not calls_itself_adam(optimizer):
+        return None
+    groups = {id(p): i for i, g in enumerate(optimizer.param_groups) for p in g["params"]}
+    worst, beyond, judged = 0.0, 0, 0
+    for (name, param), after in zip(named, now, strict=True):
+        index = groups.get(id(param))
+        if index is None or param.dtype not in (torch.float32, torch.float64):
+            continue
+        group = optimizer.param_groups[index]
+        bound = adam_bound(group.get("betas", (1.0, 1.0)))
+        lr = max(float(group["lr"]), lrs[index] if index < len(lrs) else 0.0)
+        if bound is None or lr <= 0:
+            continue
+        old = before[name].to(after.device)
+        step = (after - old).abs()
+        decay = lr * float(group.get("weight_decay", 0.0))
+        step = torch.minimum(step, (after - old * (1 - decay)).abs())
+        ratio = (step - ROUNDING * (old.abs() + after.abs())) / (lr * bound)
+        ratio = ratio[torch.isfinite(ratio)]
+        if ratio.numel():
+            worst = max(worst, float(ratio.max()))
+            beyond += int((ratio > 1).sum())
+            judged += ratio.numel()
+    return (worst, beyond, judged) if judged else None
