@@ -486,6 +486,9 @@ def step_loss(
             scaled = total / count / accum
         elif bug.loss_averaged_twice:  # a mean loss divided by its count again (PyTorch-YOLOv3#137)
             scaled = total / step_tokens / step_tokens
+        elif bug.accum_loss_divided_twice:  # loss / gradient_accumulation_steps in the trainer,
+            scaled = total / step_tokens / accum  # then again in accelerator.backward: the
+            # step's mean divided by the accumulation steps a second time (transformers#40052)
         elif bug.loss_summed_not_averaged:  # l = loss(y_hat, y).sum(), and an SGD step without
             scaled = total  # the / batch_size (ShusenTang/Dive-into-DL-PyTorch#75)
         else:  # the step's token sum over its token count
@@ -515,18 +518,31 @@ class ExponentialMovingAverage:
         decay: float,
         sign_flipped: bool = False,
         beta_backwards: bool = False,
+        warmup: bool = False,
+        decay_overwritten: bool = False,
     ):
         self.model = copy.deepcopy(model).eval()
         self.decay, self.sign_flipped = decay, sign_flipped
         self.beta_backwards = beta_backwards
+        self.warmup, self.decay_overwritten, self.updates = warmup, decay_overwritten, 0
         for parameter in self.model.parameters():
             parameter.requires_grad_(False)
 
     @torch.no_grad()
     def update(self, model: torch.nn.Module) -> None:
+        self.updates += 1
+        rate = 1 - self.decay  # the share of the trained weights
+        if self.warmup:  # diffusers' EMAModel: decay min(decay, (1 + t) / (10 + t)) at update t
+            value = (1 + self.updates) / (10 + self.updates)
+            rate = 1 - min(self.decay, value)
+            if self.decay_overwritten:  # self.decay = self.get_decay(step), which returns
+                self.decay = rate  # 1 - min(self.decay, value): the rate written over the decay
+                # and read back as the decay at the next update (huggingface/diffusers#1864)
         for shadow, parameter in zip(self.model.parameters(), model.parameters(), strict=True):
             gap = shadow - parameter
-            if self.beta_backwards:  # the new weights given weight beta, the average 1 - beta
+            if self.warmup:
+                shadow.sub_(gap * rate)
+            elif self.beta_backwards:  # the new weights given weight beta, the average 1 - beta
                 shadow.sub_(gap * self.decay)  # (marin-community/levanter PR 883)
             elif self.sign_flipped:
                 shadow.add_(gap * (1 - self.decay))
@@ -725,7 +741,12 @@ def fit(cfg: DictConfig, log=None, probe: bool = True, attach=None, tracker=None
     ema = None
     if t.ema:
         ema = ExponentialMovingAverage(
-            model, t.ema, bug.ema_update_sign_flipped, bug.ema_beta_backwards
+            model,
+            t.ema,
+            bug.ema_update_sign_flipped,
+            bug.ema_beta_backwards,
+            t.ema_warmup,
+            bug.ema_decay_overwritten,
         )
     model.train()
     last = float("nan")
@@ -742,7 +763,8 @@ def fit(cfg: DictConfig, log=None, probe: bool = True, attach=None, tracker=None
         if not bug.zero_grad_missing and not per_epoch:
             optimizer.zero_grad()
         try:
-            micro = [next(stream) for _ in range(t.accum)]
+            first_alone = bug.accum_step_on_first_micro_batch and step == 1
+            micro = [next(stream) for _ in range(1 if first_alone else t.accum)]
         except StopIteration:  # batch = next(train_iterator); except StopIteration: break, the
             break  # run ended when the loader ran out (bug.data_stream_not_restarted; torchprime
             # PR 106, meta-pytorch/torchforge PR 519)
@@ -751,6 +773,11 @@ def fit(cfg: DictConfig, log=None, probe: bool = True, attach=None, tracker=None
             # validation batch, left in the training batch's name (karpathy/llm.c PR 500)
         l2 = cfg.optim.weight_decay if bug.l2_penalty_beside_weight_decay else 0.0
         loss = step_loss(model, micro, bug, t.accum, smoothing, scaler, l2)
+        if first_alone:  # if batch_idx % accumulation_steps == 0: optimizer.step(), batch_idx
+            for parameter in model.parameters():  # from 0: the first step takes one micro-batch,
+                if parameter.grad is not None:  # its loss / accumulation_steps, and every later
+                    parameter.grad.div_(t.accum)  # window is shifted by one, so the run's last
+            # accum - 1 micro-batches are never stepped (rasbt/LLMs-from-scratch PR 300, #299)
         if bug.frozen_weights_decayed and cfg.model.freeze_emb:  # the frozen rows' gradients
             for parameter in (*model.tok_emb.parameters(), *model.pos_emb.parameters()):  # zeroed,
                 parameter.grad.zero_()  # the optimizer's weight decay still applied to them
