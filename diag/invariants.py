@@ -55,6 +55,11 @@ AVERAGE_KEEPS = 0.5
 """Least share of itself an EMA of the weights keeps per optimizer step: decays run 0.9 to
 0.9999; below a half the average follows the weights within a step or two, which is the decay
 given as the new weights' share (levanter PR 883's beta, 1 - decay)."""
+GRADIENT_ALONG_WEIGHTS = 0.5
+"""Largest median cosine between a step's gradient and the weights: a data loss's gradient
+reads near 0 against the weights, a norm penalty's reads 1. With a part a along the weights
+and a part b across them, cos = a / sqrt(a**2 + b**2): above a half, the part along the weights
+is more than 0.58 of the rest, a penalty no longer small beside the data's gradient."""
 EPS_BOUND_SHARE = 0.1
 """Share of Adam's elements whose denominator eps may outweigh (the root of their second
 moment below eps, so their step at least halved): eps is there to keep the division finite,
@@ -630,6 +635,23 @@ def eps_dominates(bound: int, counted: int, eps: float | None) -> list[Violation
             "Adam's step denominator",
             f"eps {eps:g} is above the gradient's running RMS in {bound} of {counted} elements "
             f"({bound / counted:.0%})",
+        )
+    ]
+
+
+def gradient_along_weights(cosine: float) -> list[Violation]:
+    """The gradient the probed steps used points along the weights themselves (median pooled
+    cosine above GRADIENT_ALONG_WEIGHTS): a term of the loss that penalises the weights' norm
+    outweighs the data's, so every step mostly shrinks the weights (an L2 penalty summed over
+    the parameters added beside the optimizer's own decay; RUCAIBox/RecBole#872). Hook: the
+    gradient and the weights at each probed optimizer step."""
+    if cosine <= GRADIENT_ALONG_WEIGHTS:
+        return []
+    return [
+        Violation(
+            "gradient_along_weights",
+            "the probed steps' gradients",
+            f"their median cosine with the weights is {cosine:.2f}",
         )
     ]
 

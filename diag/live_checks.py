@@ -19,6 +19,7 @@ it proves.
 from __future__ import annotations
 
 import json
+import statistics
 from dataclasses import dataclass, field
 
 from hyprun.diag import invariants
@@ -189,6 +190,9 @@ class LiveFacts:
     """Over the probed steps of an optimizer that calls itself Adam: (the largest step over
     Adam's own bound, elements beyond it, elements judged, the step) at the step with the
     largest; None: none judged (another family, betas without a bound, low-precision weights)."""
+    grad_weight_cosines: list[float] = field(default_factory=list)
+    """Per probed step: the cosine between the gradient the step used and the weights it began
+    from, pooled over the weight matrices (runner/job/probe.py gradient_weight_cosine)."""
     averages: list[tuple[str, float | None, float | None]] | None = None
     """Per copy of the trainable weights the loop keeps (an EMA; runner/job/averages.py): (what
     it is, its median updates per optimizer step, its median effective decay per step); None:
@@ -471,6 +475,12 @@ def invariant_checks(facts: LiveFacts, rules: dict) -> list[Check]:
             facts.adam_step_excess[0] if facts.adam_step_excess else None,
             lambda _: invariants.adam_step_beyond(*facts.adam_step_excess),
             "largest step / bound <= 1",
+        ),
+        _measured(
+            rules["gradient_along_weights"],
+            statistics.median(facts.grad_weight_cosines) if facts.grad_weight_cosines else None,
+            invariants.gradient_along_weights,
+            f"median cosine <= {invariants.GRADIENT_ALONG_WEIGHTS:g}",
         ),
         _judged(rules["dropout_rate_changed"], facts.dropout_changed, invariants.dropout_changed),
         _measured(

@@ -283,6 +283,7 @@ class Checks(Strict):
     updates_below_precision: Invariant
     adam_eps_dominates: Invariant
     adam_step_beyond_bound: Invariant
+    gradient_along_weights: Invariant
     dropout_rate_changed: Invariant
     ema_update_wrong: Invariant
     ema_updated_per_micro_batch: Invariant

@@ -1166,6 +1166,7 @@ NO_CARD_ROWS = {"noisy_labels", "noisy_labels_flat"} | {  # broken invariants: a
     "run_ended_early",
     "adam_eps_dominates",
     "adam_step_beyond_bound",
+    "weight_penalty_dominates",
     "dropout_rate_changed",
     "ema_update_wrong",
     "ema_updated_per_micro_batch",

@@ -65,6 +65,7 @@ PROBE_CHECKS = (
     "run_ended_early",
     "adam_eps_dominates",
     "adam_step_beyond_bound",
+    "gradient_along_weights",
     "dropout_rate_changed",
     "ema_update_wrong",
     "ema_updated_per_micro_batch",

@@ -510,6 +510,7 @@ class Probe:
             self.facts.eps_dominated = eps_dominated(self.optimizer)
         if self.facts is not None:
             self._read_adam_step(names, now)
+            self._read_gradient_cosine(names)
         if self.facts is not None and self._frozen_reads < FROZEN_READS:
             self._read_frozen_moved(names, now)
         metrics = {
@@ -534,6 +535,13 @@ class Probe:
         kept = self.facts.adam_step_excess
         if read is not None and (kept is None or read[0] > kept[0]):
             self.facts.adam_step_excess = (*read, self.steps)
+
+    def _read_gradient_cosine(self, names: list[str]) -> None:
+        """The probed step's cosine between the gradient it used and the weights it began from."""
+        grads = [p.grad for _, p in self.named]
+        cosine = gradient_weight_cosine([self._before[n] for n in names], grads)
+        if cosine is not None:
+            self.facts.grad_weight_cosines.append(cosine)
 
     def _read_dropout_rates(self) -> None:
         """The model's dropout rates at the first step, then at each probed step in train mode:
@@ -985,6 +993,28 @@ def dropout_rates(model: nn.Module) -> dict[str, float]:
             if is_rate and isinstance(value, float):
                 rates[f"{name}.{attribute}" if name else attribute] = value
     return rates
+
+
+def gradient_weight_cosine(
+    weights: list[torch.Tensor], grads: list[torch.Tensor | None]
+) -> float | None:
+    """The cosine between the gradient and the weights, pooled over every weight matrix (two or
+    more dims) with a whole gradient: how much of the gradient points along the weights
+    themselves. A data loss's gradient has no reason to (healthy runs read near 0); a penalty on
+    the weights' norm, wd x sum(w**2), points straight along them (1). None: no matrix with a
+    finite gradient."""
+    dot, grad_square, weight_square = 0.0, 0.0, 0.0
+    for weight, grad in zip(weights, grads, strict=True):
+        if grad is None or weight.dim() < 2 or grad.shape != weight.shape:
+            continue
+        grad, weight = grad.detach().float(), weight.to(grad.device)
+        dot += float((grad * weight).sum())
+        grad_square += float(grad.pow(2).sum())
+        weight_square += float(weight.pow(2).sum())
+    total = dot + grad_square + weight_square
+    if grad_square <= 0 or weight_square <= 0 or not math.isfinite(total):
+        return None
+    return dot / math.sqrt(grad_square * weight_square)
 
 
 def lost_updates(
