@@ -17,6 +17,10 @@ EOS = 2
 LLaMA's tokenizer, where both are 2): bug.eos_masked_as_padding masks it as padding."""
 
 
+TRAIN_TEMPERATURE = 0.7
+"""The sampling temperature that bug.train_logits_tempered divides the training logits by."""
+
+
 def token_loss(
     logits: torch.Tensor, x: torch.Tensor, y: torch.Tensor, bug, smoothing: float = 0.0
 ) -> tuple:
@@ -33,6 +37,9 @@ def token_loss(
         logits, target = logits[:, :-1], target[:, 1:]
     if bug.double_softmax:  # probabilities into a loss that applies log-softmax itself
         logits = logits.softmax(-1)
+    if bug.train_logits_tempered:  # logits / rollout_temperature (0.7) in the training loss
+        logits = logits / TRAIN_TEMPERATURE  # only; the eval reads them untempered
+        # (GMISWE/tinker-cloud PR 26)
     flat = logits.reshape(-1, logits.shape[-1])
     if bug.nll_on_probabilities:  # NLLLoss on softmax outputs, not log_softmax: the loss is
         probs = flat.softmax(-1)  # -p(target), always negative (yanx27/Pointnet_Pointnet2_pytorch

@@ -131,6 +131,15 @@ class TinyLM(nn.Module):
     `.data`, a tensor detached from the graph, so no gradient reaches it and the learned
     positions stay at their initial draw."""
 
+    ffn_norm_shared = False
+    """On (bug.ffn_norm_shared): each layer's feed-forward sublayer reads its input through the
+    attention sublayer's LayerNorm (norm1) instead of its own (norm2), so one norm's gain and bias
+    serve both sublayers and the feed-forward block's own norm is never used."""
+
+    attention_scaled_by_num_heads = False
+    """On (bug.attention_scaled_by_num_heads): the attention scores are scaled by
+    num_heads ** -0.5 instead of head_dim ** -0.5, so q.k is divided by sqrt(2), not sqrt(32)."""
+
     def __init__(
         self,
         vocab: int,
@@ -228,6 +237,8 @@ class TinyLM(nn.Module):
             self.dropout_zeroed_by_eval,
             self.softmax_across_heads,
             self.residual_dropout_discarded,
+            self.ffn_norm_shared,
+            self.attention_scaled_by_num_heads,
         )
         return any(flags)
 
@@ -239,6 +250,9 @@ class TinyLM(nn.Module):
             ff = layer.linear2(layer.dropout(layer.activation(layer.linear1(layer.norm2(h)))))
             return layer.dropout2(h + ff)  # (hyunwoongko/transformer#8, BERT-pytorch#85)
         h = h + self.attention(layer, layer.norm1(h), mask)
+        if self.ffn_norm_shared:  # self.ff_proj(self.norm(x)): the attention's norm reused for
+            return h + self.feed_forward(layer, layer.norm1(h))  # the feed-forward block
+            # (allenai/OLMo#222, lucidrains/mmdit#4)
         return h + self.feed_forward(layer, layer.norm2(h))
 
     def attention(self, layer: nn.TransformerEncoderLayer, h, mask) -> torch.Tensor:
@@ -259,6 +273,7 @@ class TinyLM(nn.Module):
             self.dropout_zeroed_by_eval,
             self.softmax_across_heads,
             self.residual_dropout_discarded,
+            self.attention_scaled_by_num_heads,
         )
         if not any(by_hand):
             return layer._sa_block(h, mask, None, is_causal=True)
@@ -311,6 +326,11 @@ class TinyLM(nn.Module):
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=drop)
         elif self.attention_unscaled:  # scale=1.0: q.k not divided by sqrt(head_dim)
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=drop, scale=1.0)
+        elif self.attention_scaled_by_num_heads:  # scale = 1 / sqrt(num_heads), where its own
+            by_heads = heads**-0.5  # comment says 1 / sqrt(head_dim) (tenstorrent/tt-metal PR
+            out = F.scaled_dot_product_attention(  # 56789)
+                q, k, v, attn_mask=mask, dropout_p=drop, scale=by_heads
+            )
         elif self.attention_scale_inverted:  # self.scale = head_dim ** -0.5, then q.k / self.scale:
             inverted = 1.0 / (d // heads) ** -0.5  # x sqrt(head_dim) (esceptico/perceiver-io#9)
             out = F.scaled_dot_product_attention(

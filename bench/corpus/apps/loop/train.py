@@ -95,6 +95,8 @@ def build(cfg: DictConfig) -> tuple:
     model.residual_dropout_discarded = bug.residual_dropout_not_assigned  # (templateGPT#1)
     model.emb_dropout_twice = bug.emb_dropout_applied_twice  # (TimDettmers/ConvE#19)
     model.pos_emb_detached = bug.pos_emb_read_through_data  # (d2l-ai/d2l-en PR 2121)
+    model.ffn_norm_shared = bug.ffn_norm_shared  # (allenai/OLMo#222, lucidrains/mmdit#4)
+    model.attention_scaled_by_num_heads = bug.attention_scaled_by_num_heads  # (tt-metal PR 56789)
     if bug.dropout_rate_not_passed:  # self.dropout = nn.Dropout(): the constructor's dropout
         for layer in model.encoder.layers:  # argument never passed on, so torch's default p=0.5
             layer.dropout = torch.nn.Dropout()  # replaces the configured rate in every layer's
@@ -320,6 +322,17 @@ def cosine_schedule(cfg: DictConfig, optimizer) -> torch.optim.lr_scheduler.Lamb
             return 0.5 * (1 + math.cos(math.pi * within / horizon))
 
         return torch.optim.lr_scheduler.LambdaLR(optimizer, clamped)
+    if cfg.bug.cosine_counts_warmup:  # timm's CosineLRScheduler without warmup_prefix: the
+        # cosine's progress is t / t_initial from step 0, the warmup laid over its start, so the
+        # LR drops at the warmup's end to the cosine's value there (microsoft/Swin-Transformer
+        # #277, PaddlePaddle/PaddleDetection PR 4611)
+
+        def from_zero(step: int) -> float:
+            if step < warmup:
+                return (step + 1) / warmup
+            return 0.5 * (1 + math.cos(math.pi * step / horizon))
+
+        return torch.optim.lr_scheduler.LambdaLR(optimizer, from_zero)
     if cfg.bug.warmup_lambda_uncapped:  # LambdaLR(lr_lambda=lambda step: step / warmup_steps):
         return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: s / warmup)  # no min(1, .)
         # and no decay after it (Adit-Jain-srm/NightmareNet PR 158)
@@ -795,6 +808,9 @@ def fit(cfg: DictConfig, log=None, probe: bool = True, attach=None, tracker=None
         if cfg.optim.clip and not bug.clip_after_step and bug.clip_norm_squared:
             clip_by_squared_norm(model, cfg.optim.clip)  # ||g||^2 compared with max_norm and
             # divided into it (paiml/entrenar#311)
+        elif cfg.optim.clip and not bug.clip_after_step and bug.clip_other_module:
+            torch.nn.utils.clip_grad_norm_(model.head.parameters(), cfg.optim.clip)  # one module's
+            # parameters given to the clip, the rest trained unclipped (open_spiel#827)
         elif cfg.optim.clip and not bug.clip_after_step and clip_params is not None:
             torch.nn.utils.clip_grad_norm_(clip_params, cfg.optim.clip)  # (pytorch#148259)
         elif cfg.optim.clip and not bug.clip_after_step:  # (milesial/Pytorch-UNet#468)
