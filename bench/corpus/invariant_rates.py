@@ -90,8 +90,18 @@ PROBE_CHECKS = (
 optimizer and model); a fail or a warning on a healthy run is a false alarm."""
 STREAM_GAPS: dict[str, float] = {}
 """By run: the fair-stream check's mean first-epoch gap (its healthy reference)."""
-LOST_SHARES: dict[str, float] = {}
-"""By run: the share of elements with a gradient a step left unchanged (updates_below_precision)."""
+MEASURED = (
+    "updates_below_precision",
+    "adam_eps_dominates",
+    "adam_step_beyond_bound",
+    "gradient_along_weights",
+    "rows_repeat_within_epoch",
+)
+"""Probe checks that judge one measured number against a cut: their healthy values show the
+margin (a share left unchanged, a share under eps, the largest step over Adam's bound, a median
+cosine, a distinct share)."""
+VALUES: dict[str, dict[str, float]] = {}
+"""By run: each MEASURED check's value where it was judged."""
 STATUSES: dict[str, dict[str, str]] = {}
 """By run: each PROBE_CHECKS status (a check skipped on a run is not judged there)."""
 
@@ -120,9 +130,8 @@ def probe_fired(recorder: Recorder, name: str) -> dict[str, list[str]]:
     gap = checks.get("unshuffled_data", {}).get("value")
     if isinstance(gap, int | float) and math.isfinite(gap):
         STREAM_GAPS[name] = gap
-    lost = checks.get("updates_below_precision", {}).get("value")
-    if isinstance(lost, int | float):
-        LOST_SHARES[name] = lost
+    values = {k: checks.get(k, {}).get("value") for k in MEASURED}
+    VALUES[name] = {k: v for k, v in values.items() if isinstance(v, int | float)}
     STATUSES[name] = {k: checks.get(k, {}).get("status", "absent") for k in PROBE_CHECKS}
     failed = [k for k in PROBE_CHECKS if STATUSES[name][k] in ("fail", "warn")]
     return {k: [checks[k]["why"]] for k in failed}
@@ -142,6 +151,13 @@ def fired(overrides: list[str], seed: int) -> dict[str, list[str]]:
     out = {name: [v.where for v in found[name]] for name in found if found[name]}
     return out | probe_fired(recorder, f"loop {' '.join(overrides) or 'default'} seed={seed}")
 
+
+LOOP_CONFIGS = (
+    ["train.ema=0.99"],
+    ["train.ema=0.999", "train.accum=4", "train.batch=4"],
+)
+"""Healthy shapes of the loop app no corpus twin has: an EMA of the weights kept beside
+training (the EMA checks' healthy population), alone and under 4-step accumulation."""
 
 HF_CONFIGS = (
     [],
@@ -217,7 +233,8 @@ def main() -> int:
     torch.set_num_threads(1)
     rows = load_corpus().rows
     healthy, faults = {}, {}
-    for base in dict.fromkeys(tuple(row.twin_overrides) for row in rows):
+    bases = dict.fromkeys([*(tuple(row.twin_overrides) for row in rows), *map(tuple, LOOP_CONFIGS)])
+    for base in bases:
         for seed in SEEDS:
             healthy[f"{' '.join(base) or 'default'} seed={seed}"] = fired(list(base), seed)
     for overrides in HF_CONFIGS:
@@ -226,7 +243,7 @@ def main() -> int:
                 overrides, seed
             )
     healthy_gaps, healthy_statuses = dict(STREAM_GAPS), dict(STATUSES)
-    healthy_lost = dict(LOST_SHARES)
+    healthy_values = dict(VALUES)
     for row in rows:
         faults[row.id] = fired(row.fault_overrides, 0)
     alarms = {name: sum(bool(f) for f in healthy.values()) for name in ("any",)}
@@ -250,9 +267,12 @@ def main() -> int:
         "| --- | --- |",
         *(f"| {k} | {v:+.4f} |" for k, v in healthy_gaps.items()),
         "",
-        "| healthy run | share of elements with a gradient a step left unchanged |",
-        "| --- | --- |",
-        *(f"| {k} | {v:.3g} |" for k, v in healthy_lost.items()),
+        f"| healthy run | {' | '.join(MEASURED)} |",
+        f"| --- |{' --- |' * len(MEASURED)}",
+        *(
+            f"| {k} | {' | '.join(f'{v[c]:.3g}' if c in v else '-' for c in MEASURED)} |"
+            for k, v in healthy_values.items()
+        ),
         "",
         "A fault that diverges shows eval_mode_while_evaluating here: the watch sees the probe's",
         "NaN replay (a no-grad forward in train mode), which the probe's own check excludes.",
@@ -271,7 +291,7 @@ def main() -> int:
                 "healthy": healthy,
                 "faults": faults,
                 "stream_gaps": healthy_gaps,
-                "lost_update_shares": healthy_lost,
+                "measured": healthy_values,
                 "probe_statuses": healthy_statuses,
             },
             indent=1,

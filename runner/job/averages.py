@@ -52,7 +52,14 @@ class Average:
         return float(self.tensors[0].detach().double().sum())
 
 
-def find_averages(model: nn.Module, limit: int = 3) -> list[Average]:
+FIND_LIMIT = 16
+"""Most copies kept for reading: a process may hold stale copies of the same shapes (an earlier
+run's model, a reference snapshot) that never change and are never judged; past three of them
+the loop's own EMA went unread in a process that trained several models (a checksum each per
+backward is the whole cost)."""
+
+
+def find_averages(model: nn.Module, limit: int = FIND_LIMIT) -> list[Average]:
     """Live copies of `model`'s trainable weights that are not its own tensors: modules whose
     parameters have the model's shapes in its order (a deepcopy, AveragedModel), and dicts
     of tensors keyed by the trainable weights' names (a shadow dict). A scan of the live objects,
