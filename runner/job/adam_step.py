@@ -66,7 +66,7 @@ def steps_beyond_bound(
     if not isinstance(optimizer, torch.optim.Optimizer) or not calls_itself_adam(optimizer):
         return None
     groups = {id(p): i for i, g in enumerate(optimizer.param_groups) for p in g["params"]}
-    worst, beyond, judged = 0.0, 0, 0
+    reads = []  # (largest ratio, elements beyond, elements) per tensor, read back at once
     for (name, param), after in zip(named, now, strict=True):
         index = groups.get(id(param))
         if index is None or param.dtype not in (torch.float32, torch.float64):
@@ -81,9 +81,11 @@ def steps_beyond_bound(
         decay = lr * float(group.get("weight_decay", 0.0))
         step = torch.minimum(step, (after - old * (1 - decay)).abs())
         ratio = (step - ROUNDING * (old.abs() + after.abs())) / (lr * bound)
-        ratio = ratio[torch.isfinite(ratio)]
-        if ratio.numel():
-            worst = max(worst, float(ratio.max()))
-            beyond += int((ratio > 1).sum())
-            judged += ratio.numel()
+        finite = torch.isfinite(ratio)
+        ratio = torch.where(finite, ratio, torch.zeros_like(ratio))
+        reads.append(torch.stack([ratio.max(), (ratio > 1).sum(), finite.sum()]).double())
+    if not reads:
+        return None
+    table = torch.stack([read.to(reads[0].device) for read in reads]).cpu()  # one transfer
+    worst, beyond, judged = float(table[:, 0].max()), int(table[:, 1].sum()), int(table[:, 2].sum())
     return (worst, beyond, judged) if judged else None

@@ -509,7 +509,7 @@ class Probe:
         if self.facts is not None and self.facts.eps_dominated is None and self.steps >= 2:
             self.facts.eps_dominated = eps_dominated(self.optimizer)
         if self.facts is not None:
-            self._read_adam_step(names, now)
+            self._read_adam_step(now)
             self._read_gradient_cosine(names)
         if self.facts is not None and self._frozen_reads < FROZEN_READS:
             self._read_frozen_moved(names, now)
@@ -526,7 +526,7 @@ class Probe:
             metrics.update(self._step_scan(delta))
         return metrics
 
-    def _read_adam_step(self, names: list[str], now: list[torch.Tensor]) -> None:
+    def _read_adam_step(self, now: list[torch.Tensor]) -> None:
         """The probed step's largest Adam step over its bound (runner/job/adam_step.py), kept
         where it is the largest read so far."""
         read = steps_beyond_bound(
@@ -1003,14 +1003,17 @@ def gradient_weight_cosine(
     themselves. A data loss's gradient has no reason to (healthy runs read near 0); a penalty on
     the weights' norm, wd x sum(w**2), points straight along them (1). None: no matrix with a
     finite gradient."""
-    dot, grad_square, weight_square = 0.0, 0.0, 0.0
+    sums = []  # (g.w, g.g, w.w) per matrix, read back in one transfer
     for weight, grad in zip(weights, grads, strict=True):
         if grad is None or weight.dim() < 2 or grad.shape != weight.shape:
             continue
-        grad, weight = grad.detach().float(), weight.to(grad.device)
-        dot += float((grad * weight).sum())
-        grad_square += float(grad.pow(2).sum())
-        weight_square += float(weight.pow(2).sum())
+        grad, weight = grad.detach().float().flatten(), weight.to(grad.device).flatten()
+        sums.append(torch.stack([grad.dot(weight), grad.dot(grad), weight.dot(weight)]).double())
+    if not sums:
+        return None
+    dot, grad_square, weight_square = (
+        torch.stack([t.to(sums[0].device) for t in sums]).sum(0).tolist()
+    )
     total = dot + grad_square + weight_square
     if grad_square <= 0 or weight_square <= 0 or not math.isfinite(total):
         return None
