@@ -1192,6 +1192,33 @@ def stream_dropped(shares: Mapping[str, float], rate: float) -> list[Violation]:
     ]
 
 
+def dropout_misapplied(calls: tuple[int, list[str], list[str]]) -> list[Violation]:
+    """Dropout calls of a training forward that do not drop what the model goes on with: a
+    call's output never reaches the loss (`F.dropout(dx, p)` called out of place, its result
+    never assigned, so the undropped tensor goes on: evintunador/templateGPT#1), or a call
+    drops another call's output (the same dropout written twice, 1 - (1 - p)^2 dropped:
+    TimDettmers/ConvE#19). Exact facts of the loss's gradient graph. `calls`: (the calls that
+    dropped something, the modules whose call's output was discarded, the modules whose call
+    dropped a dropped tensor). Hook: the probe's step scan, once
+    (runner/job/dropout_calls.py)."""
+    applied, discarded, stacked = calls
+    return [
+        Violation(
+            "dropout_reaches_loss",
+            where,
+            f"of {applied} dropout calls, its output never reached the loss",
+        )
+        for where in discarded
+    ] + [
+        Violation(
+            "dropout_once_per_tensor",
+            where,
+            f"of {applied} dropout calls, it dropped a tensor already dropped",
+        )
+        for where in stacked
+    ]
+
+
 def padding_read(influence: float) -> list[Violation]:
     """A model whose outputs at real positions change when only the padding does: the padding
     is attended, its mask inverted (Hugging Face's 1 = attend handed to torch's

@@ -130,6 +130,10 @@ class LiveFacts:
     stream_zeros: dict[str, float] | None = None
     """By norm layer after the first called: the share of exact zeros in its input in a
     train-mode forward over that in eval mode (invariants.stream_dropped); None: not read."""
+    dropout_calls: tuple[int, list[str], list[str]] | None = None
+    """One training forward's dropout calls: (those that dropped something, the modules whose
+    call's output never reached the loss, those whose call dropped a dropped tensor)
+    (invariants.dropout_misapplied); None: not read, or no call dropped anything."""
     index_influence: float | None = None
     """How far the rows' outputs moved when only their places in the held-out batch changed
     (invariants.batch_index_read); None: not read."""
@@ -592,6 +596,9 @@ def invariant_checks(facts: LiveFacts, rules: dict) -> list[Check]:
             rules["dropout_on_residual_stream"],
             facts.stream_zeros if facts.dropout_max and facts.dropout_max[0] < 0.5 else None,
             lambda shares: invariants.stream_dropped(shares, facts.dropout_max[0]),
+        ),
+        _judged(
+            rules["dropout_not_as_declared"], facts.dropout_calls, invariants.dropout_misapplied
         ),
         _measured(
             rules["batch_index_encoded"],

@@ -306,6 +306,7 @@ class Checks(Strict):
     attention_scale_wrong: Invariant
     batch_index_encoded: Invariant
     dropout_on_residual_stream: Invariant
+    dropout_not_as_declared: Invariant
     padding_attended: Invariant
     scheduler_outpaces_optimizer: Invariant
     run_ended_early: Invariant

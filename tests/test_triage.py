@@ -1174,6 +1174,7 @@ NO_CARD_ROWS = {"noisy_labels", "noisy_labels_flat"} | {  # broken invariants: a
     "frozen_weights_decayed",
     "batch_index_encoded",
     "dropout_on_residual_stream",
+    "dropout_not_as_declared",
     "padding_attended",
     "attention_scale_wrong",
     "attention_rows_unnormalised",

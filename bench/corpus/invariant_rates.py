@@ -73,6 +73,7 @@ PROBE_CHECKS = (
     "frozen_weights_decayed",
     "batch_index_encoded",
     "dropout_on_residual_stream",
+    "dropout_not_as_declared",
     "padding_attended",
     "attention_scale_wrong",
     "attention_rows_unnormalised",

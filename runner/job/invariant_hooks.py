@@ -21,6 +21,7 @@ from torch.overrides import TorchFunctionMode, _get_current_function_mode_stack
 
 from hyprun.diag.invariants import LABEL_MATCH, LABEL_OFFSETS, REWRITE_SHARE
 from hyprun.runner.job.attention_reads import AttentionReads
+from hyprun.runner.job.dropout_calls import DropoutCalls
 
 MODE_MODULES = (nn.Dropout, nn.modules.batchnorm._BatchNorm)
 """Modules whose forward depends on train/eval mode."""
@@ -279,6 +280,8 @@ class InvariantHooks:
         self.row_influence: float | None = None
         self.index_influence: float | None = None
         self.stream_zeros: dict[str, float] | None = None
+        self.dropout_calls: DropoutCalls | None = None
+        """One training forward's dropout calls (runner/job/dropout_calls.py)."""
         self.padding_influence: float | None = None
         """The real positions' output move when only padded embeddings change (model_checks)."""
         """By later norm layer: the train-mode share of exact zeros it reads over eval's."""

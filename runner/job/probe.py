@@ -54,6 +54,7 @@ from hyprun.diag.spikes import SpikeDetector
 from hyprun.runner.job import model_checks, stop
 from hyprun.runner.job.adam_step import steps_beyond_bound
 from hyprun.runner.job.averages import AverageReader
+from hyprun.runner.job.dropout_calls import dropout_calls
 from hyprun.runner.job.invariant_hooks import (
     InvariantHooks,
     in_own_forward,
@@ -592,7 +593,8 @@ class Probe:
         """Once, on the held-out batch, with the weights before the first scanned step (the
         model as initialised): is evaluation repeatable, does the model read only
         earlier tokens, does a residual stream run through its blocks, is each linear layer
-        fed something nonlinear (runner/job/model_checks.py)? A forward these checks cannot
+        fed something nonlinear (runner/job/model_checks.py), does each dropout call feed the
+        loss once (runner/job/dropout_calls.py)? A forward these checks cannot
         run leaves them unread (skipped), never the user's training stopped."""
         self._model_checked = True
         try:
@@ -612,6 +614,7 @@ class Probe:
         hooks.index_influence = model_checks.index_influence(self.model, batch, self._loss)
         hooks.attention = model_checks.attention(self.model, loss)
         hooks.stream_zeros = model_checks.stream_zeros(self.model, loss)
+        hooks.dropout_calls = dropout_calls(self.model, loss)
         hooks.padding_influence = model_checks.padding_influence(
             self.model, batch, self._loss, _input_embedding(self.model), hooks.pad_id
         )
@@ -1283,6 +1286,9 @@ def read_invariants(
     facts.row_influence = hooks.row_influence
     facts.index_influence = hooks.index_influence
     facts.stream_zeros = hooks.stream_zeros
+    if hooks.dropout_calls is not None and hooks.dropout_calls.applied:
+        calls = hooks.dropout_calls
+        facts.dropout_calls = (calls.applied, calls.discarded, calls.stacked)
     facts.padding_influence = hooks.padding_influence
     if hooks.heldout_ids is not None and hooks.train_id_max is not None:
         beyond = int((hooks.heldout_ids > hooks.train_id_max).sum())
