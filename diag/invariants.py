@@ -1219,6 +1219,27 @@ def dropout_misapplied(calls: tuple[int, list[str], list[str]]) -> list[Violatio
     ]
 
 
+def twin_called_instead(groups: Sequence[tuple[str, Mapping[str, int], int]]) -> list[Violation]:
+    """Twin modules (one parent's children of one class and parameter shapes) of which one is
+    never called while another is called more often than its parent: the code calls one where
+    the other was meant (self.norm1 for both sublayers: allenai/OLMo#222, lucidrains/mmdit#4;
+    self.q where self.k belongs; layers[0] for every layer), so the twin never trains and one
+    module's weights serve two roles. A module reused on purpose (shared weights) leaves no twin
+    of it unused; a twin left unused alone (built and never wired) is not this. `groups`: per
+    parent, (its name, calls by twin, the parent's calls: 0 for a container never called).
+    Hook: the probe's step scan, once (model_checks.sibling_calls)."""
+    found = []
+    for parent, calls, parent_calls in groups:
+        unused = [name for name, count in calls.items() if count == 0]
+        busiest = max(calls, key=calls.get)
+        if unused and calls[busiest] > max(parent_calls, 1):
+            evidence = (
+                f"{busiest} called {calls[busiest]}x per forward of {parent}, {unused[0]} never"
+            )
+            found.append(Violation("twins_called_once_each", unused[0], evidence))
+    return found
+
+
 def padding_read(influence: float) -> list[Violation]:
     """A model whose outputs at real positions change when only the padding does: the padding
     is attended, its mask inverted (Hugging Face's 1 = attend handed to torch's

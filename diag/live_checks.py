@@ -130,6 +130,10 @@ class LiveFacts:
     stream_zeros: dict[str, float] | None = None
     """By norm layer after the first called: the share of exact zeros in its input in a
     train-mode forward over that in eval mode (invariants.stream_dropped); None: not read."""
+    twin_calls: list[tuple[str, dict[str, int], int]] | None = None
+    """Per parent module with twin children (one class, the same parameter shapes): (its name,
+    calls by twin, its own calls) in one eval forward (invariants.twin_called_instead); None:
+    not read, or no twins."""
     dropout_calls: tuple[int, list[str], list[str]] | None = None
     """One training forward's dropout calls: (those that dropped something, the modules whose
     call's output never reached the loss, those whose call dropped a dropped tensor)
@@ -599,6 +603,9 @@ def invariant_checks(facts: LiveFacts, rules: dict) -> list[Check]:
         ),
         _judged(
             rules["dropout_not_as_declared"], facts.dropout_calls, invariants.dropout_misapplied
+        ),
+        _judged(
+            rules["module_called_for_its_twin"], facts.twin_calls, invariants.twin_called_instead
         ),
         _measured(
             rules["batch_index_encoded"],

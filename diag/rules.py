@@ -307,6 +307,7 @@ class Checks(Strict):
     batch_index_encoded: Invariant
     dropout_on_residual_stream: Invariant
     dropout_not_as_declared: Invariant
+    module_called_for_its_twin: Invariant
     padding_attended: Invariant
     scheduler_outpaces_optimizer: Invariant
     run_ended_early: Invariant

@@ -1175,6 +1175,7 @@ NO_CARD_ROWS = {"noisy_labels", "noisy_labels_flat"} | {  # broken invariants: a
     "batch_index_encoded",
     "dropout_on_residual_stream",
     "dropout_not_as_declared",
+    "module_called_for_its_twin",
     "padding_attended",
     "attention_scale_wrong",
     "attention_rows_unnormalised",

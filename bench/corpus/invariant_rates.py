@@ -74,6 +74,7 @@ PROBE_CHECKS = (
     "batch_index_encoded",
     "dropout_on_residual_stream",
     "dropout_not_as_declared",
+    "module_called_for_its_twin",
     "padding_attended",
     "attention_scale_wrong",
     "attention_rows_unnormalised",

@@ -280,6 +280,8 @@ class InvariantHooks:
         self.row_influence: float | None = None
         self.index_influence: float | None = None
         self.stream_zeros: dict[str, float] | None = None
+        self.twin_calls: list[tuple[str, dict[str, int], int]] | None = None
+        """Call counts of twin modules in one forward (model_checks.sibling_calls)."""
         self.dropout_calls: DropoutCalls | None = None
         """One training forward's dropout calls (runner/job/dropout_calls.py)."""
         self.padding_influence: float | None = None

@@ -282,6 +282,49 @@ def structure(
     return pairs, chains
 
 
+def sibling_calls(
+    model: nn.Module, loss: Callable[[], Any]
+) -> list[tuple[str, dict[str, int], int]]:
+    """One eval forward's call counts of twin modules: per parent module, each set of two or
+    more children of one class whose parameters have the same shapes (a block's two norm
+    layers, its query and key projections, a stack's layers), as (the parent, calls by child,
+    calls of the parent)."""
+    calls: dict[int, int] = {}
+
+    def count(module, _args) -> None:
+        calls[id(module)] = calls.get(id(module), 0) + 1
+
+    handles = [module.register_forward_pre_hook(count) for module in model.modules()]
+    try:
+        with _evaluating(model):
+            loss()
+    finally:
+        for handle in handles:
+            handle.remove()
+    found = []
+    for parent_name, parent in model.named_modules():
+        for twins in _twin_children(parent).values():
+            if len(twins) > 1:
+                by_child = {
+                    f"{parent_name}.{name}".lstrip("."): calls.get(id(child), 0)
+                    for name, child in twins
+                }
+                found.append(
+                    (parent_name or type(model).__name__, by_child, calls.get(id(parent), 0))
+                )
+    return found
+
+
+def _twin_children(parent: nn.Module) -> dict[tuple, list[tuple[str, nn.Module]]]:
+    """The parent's own children that hold parameters, grouped by class and parameter shapes."""
+    groups: dict[tuple, list[tuple[str, nn.Module]]] = {}
+    for name, child in parent.named_children():
+        shapes = tuple(tuple(p.shape) for p in child.parameters())
+        if shapes:
+            groups.setdefault((type(child), shapes), []).append((name, child))
+    return groups
+
+
 def train_eval_scale(model: nn.Module, loss: Callable[[], Any]) -> float | None:
     """The largest ratio, over the per-position norm layers, of the RMS of the input a norm
     layer reads in a train-mode forward to the one it reads in an eval-mode forward of the same

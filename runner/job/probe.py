@@ -594,7 +594,8 @@ class Probe:
         model as initialised): is evaluation repeatable, does the model read only
         earlier tokens, does a residual stream run through its blocks, is each linear layer
         fed something nonlinear (runner/job/model_checks.py), does each dropout call feed the
-        loss once (runner/job/dropout_calls.py)? A forward these checks cannot
+        loss once (runner/job/dropout_calls.py), is each of a block's twin modules called
+        (model_checks.sibling_calls)? A forward these checks cannot
         run leaves them unread (skipped), never the user's training stopped."""
         self._model_checked = True
         try:
@@ -615,6 +616,7 @@ class Probe:
         hooks.attention = model_checks.attention(self.model, loss)
         hooks.stream_zeros = model_checks.stream_zeros(self.model, loss)
         hooks.dropout_calls = dropout_calls(self.model, loss)
+        hooks.twin_calls = model_checks.sibling_calls(self.model, loss)
         hooks.padding_influence = model_checks.padding_influence(
             self.model, batch, self._loss, _input_embedding(self.model), hooks.pad_id
         )
@@ -1286,6 +1288,7 @@ def read_invariants(
     facts.row_influence = hooks.row_influence
     facts.index_influence = hooks.index_influence
     facts.stream_zeros = hooks.stream_zeros
+    facts.twin_calls = hooks.twin_calls or None
     if hooks.dropout_calls is not None and hooks.dropout_calls.applied:
         calls = hooks.dropout_calls
         facts.dropout_calls = (calls.applied, calls.discarded, calls.stacked)
