@@ -1240,6 +1240,30 @@ def twin_called_instead(groups: Sequence[tuple[str, Mapping[str, int], int]]) ->
     return found
 
 
+LOGIT_FACTOR_TOL = 1e-3
+"""How far from 1 the factor between the logits a language model's loss reads and those the
+model returns may be: float32 rounding of an exact 1 (a loss that reads the logits as they are),
+far below any temperature a report divided by (0.7: a factor of 1.43)."""
+
+
+def logits_rescaled(factor: float) -> list[Violation]:
+    """A next-token loss that reads the model's logits times a constant (divided by a sampling
+    temperature in the training loss: GMISWE/tinker-cloud PR 26): the model learns logits that
+    many times too small or large, and everything that reads them as returned (the held-out
+    loss, sampling) sees a flatter or sharper distribution than the one trained. `factor`: c
+    in loss input = c x logits. Hook: the probe's step scan, once
+    (model_checks.loss_logit_scale)."""
+    if abs(factor - 1) <= LOGIT_FACTOR_TOL:
+        return []
+    return [
+        Violation(
+            "loss_reads_logits_as_returned",
+            "the held-out batch's cross-entropy",
+            f"it reads {factor:.3g}x the logits the model returns",
+        )
+    ]
+
+
 def padding_read(influence: float) -> list[Violation]:
     """A model whose outputs at real positions change when only the padding does: the padding
     is attended, its mask inverted (Hugging Face's 1 = attend handed to torch's

@@ -130,6 +130,9 @@ class LiveFacts:
     stream_zeros: dict[str, float] | None = None
     """By norm layer after the first called: the share of exact zeros in its input in a
     train-mode forward over that in eval mode (invariants.stream_dropped); None: not read."""
+    loss_logit_scale: float | None = None
+    """The factor c by which the cross-entropy reads the model's logits (c x logits) in one
+    eval forward of the held-out batch (invariants.logits_rescaled); None: not read."""
     twin_calls: list[tuple[str, dict[str, int], int]] | None = None
     """Per parent module with twin children (one class, the same parameter shapes): (its name,
     calls by twin, its own calls) in one eval forward (invariants.twin_called_instead); None:
@@ -606,6 +609,12 @@ def invariant_checks(facts: LiveFacts, rules: dict) -> list[Check]:
         ),
         _judged(
             rules["module_called_for_its_twin"], facts.twin_calls, invariants.twin_called_instead
+        ),
+        _measured(
+            rules["loss_reads_scaled_logits"],
+            facts.loss_logit_scale if _next_token_task(facts) else None,
+            invariants.logits_rescaled,
+            f"|c - 1| <= {invariants.LOGIT_FACTOR_TOL:g}",
         ),
         _measured(
             rules["batch_index_encoded"],

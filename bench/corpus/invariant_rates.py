@@ -75,6 +75,7 @@ PROBE_CHECKS = (
     "dropout_on_residual_stream",
     "dropout_not_as_declared",
     "module_called_for_its_twin",
+    "loss_reads_scaled_logits",
     "padding_attended",
     "attention_scale_wrong",
     "attention_rows_unnormalised",

@@ -280,6 +280,8 @@ class InvariantHooks:
         self.row_influence: float | None = None
         self.index_influence: float | None = None
         self.stream_zeros: dict[str, float] | None = None
+        self.loss_logit_scale: float | None = None
+        """c in the loss's input = c x the model's logits (model_checks.loss_logit_scale)."""
         self.twin_calls: list[tuple[str, dict[str, int], int]] | None = None
         """Call counts of twin modules in one forward (model_checks.sibling_calls)."""
         self.dropout_calls: DropoutCalls | None = None

@@ -34,6 +34,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from hyprun.runner.job.attention_reads import AttentionReads, attention_reads
 
@@ -323,6 +324,62 @@ def _twin_children(parent: nn.Module) -> dict[tuple, list[tuple[str, nn.Module]]
         if shapes:
             groups.setdefault((type(child), shapes), []).append((name, child))
     return groups
+
+
+def loss_logit_scale(model: nn.Module, loss: Callable[[], Any]) -> float | None:
+    """The factor c by which the cross-entropy the loss calls reads the model's own logits
+    (c x the logits, all positions or all but the last), in one eval forward: 1 when the loss
+    reads the logits as they are. None: the model returned no (rows, positions, classes)
+    logits, or no cross-entropy read a multiple of them."""
+    seen: list[torch.Tensor] = []
+    logits: list[torch.Tensor] = []
+
+    def keep(_module, _args, output) -> None:
+        found = output if torch.is_tensor(output) else getattr(output, "logits", None)
+        if found is None and isinstance(output, dict):
+            found = output.get("logits")
+        if torch.is_tensor(found) and found.dim() == 3 and found.is_floating_point():
+            logits.append(found.detach())
+
+    handle = model.register_forward_hook(keep)
+    try:
+        with _evaluating(model), _CrossEntropyInputs(seen):
+            loss()
+    finally:
+        handle.remove()
+    if not logits:
+        return None
+    factors = [_factor(scores, logits[-1]) for scores in seen]
+    return next((factor for factor in factors if factor is not None), None)
+
+
+class _CrossEntropyInputs(TorchFunctionMode):
+    """Keeps the input of each F.cross_entropy call made while active."""
+
+    def __init__(self, seen: list[torch.Tensor]):
+        super().__init__()
+        self.seen = seen
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is F.cross_entropy:
+            scores = args[0] if args else kwargs.get("input")
+            if torch.is_tensor(scores) and scores.is_floating_point():
+                self.seen.append(scores.detach())
+        return func(*args, **kwargs)
+
+
+def _factor(scores: torch.Tensor, logits: torch.Tensor) -> float | None:
+    """c where scores = c x logits (every position, or all but the last: labels or logits
+    shifted) to float32 rounding, else None."""
+    for kept in (logits, logits[:, :-1]):
+        if kept.numel() != scores.numel():
+            continue
+        given, own = scores.float().flatten(), kept.float().flatten()
+        factor = float(given @ own / (own @ own).clamp_min(1e-30))
+        if float((given - factor * own).norm()) <= 1e-4 * float(given.norm()):
+            return factor
+    return None
 
 
 def train_eval_scale(model: nn.Module, loss: Callable[[], Any]) -> float | None:

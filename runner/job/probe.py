@@ -595,7 +595,8 @@ class Probe:
         earlier tokens, does a residual stream run through its blocks, is each linear layer
         fed something nonlinear (runner/job/model_checks.py), does each dropout call feed the
         loss once (runner/job/dropout_calls.py), is each of a block's twin modules called
-        (model_checks.sibling_calls)? A forward these checks cannot
+        (model_checks.sibling_calls), does the loss read the logits as the model returns them
+        (model_checks.loss_logit_scale)? A forward these checks cannot
         run leaves them unread (skipped), never the user's training stopped."""
         self._model_checked = True
         try:
@@ -617,6 +618,7 @@ class Probe:
         hooks.stream_zeros = model_checks.stream_zeros(self.model, loss)
         hooks.dropout_calls = dropout_calls(self.model, loss)
         hooks.twin_calls = model_checks.sibling_calls(self.model, loss)
+        hooks.loss_logit_scale = model_checks.loss_logit_scale(self.model, loss)
         hooks.padding_influence = model_checks.padding_influence(
             self.model, batch, self._loss, _input_embedding(self.model), hooks.pad_id
         )
@@ -1289,6 +1291,7 @@ def read_invariants(
     facts.index_influence = hooks.index_influence
     facts.stream_zeros = hooks.stream_zeros
     facts.twin_calls = hooks.twin_calls or None
+    facts.loss_logit_scale = hooks.loss_logit_scale
     if hooks.dropout_calls is not None and hooks.dropout_calls.applied:
         calls = hooks.dropout_calls
         facts.dropout_calls = (calls.applied, calls.discarded, calls.stacked)
