@@ -275,16 +275,27 @@ def params_without_gradient(trainable: Sequence[str], with_grad: Sequence[str]) 
     ]
 
 
-def outputs_unused(names: Sequence[str]) -> list[Violation]:
+def outputs_unused(names: Sequence[str], cut: Sequence[str] = ()) -> list[Violation]:
     """Trainable parameters of a module whose forward ran in training but which got no
     gradient from the first backward: the module computes an output the loss never reads
     (assigned to the wrong variable, detached, run under no_grad), so it costs compute and never
     trains. Exact: a module on the loss's path passes a gradient to every parameter it used; a
     module never called (a spare head, a pooler) is not judged (static.gradient_reach lists it).
-    Hook: a pre-hook per module until the first backward, then its parameters' .grad."""
+    `cut`: parameters without a gradient whose values the forward read through a tensor cut
+    from the graph (X + self.pos_embedding.data[:, :T]: d2l-ai/d2l-en PR 2121), used and never
+    trained alike. Hook: a pre-hook per module until the first backward, then its parameters'
+    .grad; the model checks' forward for `cut` (model_checks.detached_reads)."""
     return [
         Violation("a_called_module_trains", name, "its module ran in the forward, .grad is None")
         for name in names
+    ] + [
+        Violation(
+            "a_read_parameter_trains",
+            name,
+            "the forward read it through .data or .detach(), .grad is None",
+        )
+        for name in cut
+        if name not in names
     ]
 
 

@@ -240,6 +240,9 @@ class LiveFacts:
     output_unused: list[str] | None = None
     """Trainable parameters without a gradient from the first backward whose module ran in that
     training forward (invariants.outputs_unused); None: not read."""
+    cut_unused: list[str] | None = None
+    """Trainable parameters without a gradient from the first backward whose values a forward
+    read through a tensor cut from the graph (param.data, param.detach())."""
     padding_idx_attended: int | None = None
     """Attended positions of the first steps' inputs holding the token embedding's padding_idx
     (invariants.padding_idx_real); None: not read."""
@@ -529,7 +532,11 @@ def invariant_checks(facts: LiveFacts, rules: dict) -> list[Check]:
         _judged(
             rules["optimizer_state_reset"], facts.state_resets, invariants.optimizer_state_reset
         ),
-        _judged(rules["sublayer_output_discarded"], facts.output_unused, invariants.outputs_unused),
+        _judged(
+            rules["sublayer_output_discarded"],
+            facts.output_unused,
+            lambda names: invariants.outputs_unused(names, facts.cut_unused or []),
+        ),
         _measured(
             rules["padding_idx_on_real_token"],
             facts.padding_idx_attended,

@@ -3,7 +3,8 @@ steps_without_backward).
 
 A module the training forward runs passes a gradient to its parameters, unless its output is
 thrown away (theislab/CellFlow PR 296: the feed-forward block's output assigned to the wrong
-variable) or cut (a .detach()). Only the optimizer writes trained weights between steps, unless
+variable) or cut (a .detach(); a learned position embedding added through its .data:
+d2l-ai/d2l-en PR 2121). Only the optimizer writes trained weights between steps, unless
 an average is copied in for an evaluation and never restored (harubaru/waifu-diffusion PR 31)
 or a resumed checkpoint loads nothing (pytorch/examples#1029: `module.` keys, strict=False).
 Each through the probe of a real loop, against its healthy form: a spare head never called, an
@@ -41,9 +42,11 @@ class Net(nn.Module):
         self.up, self.down = nn.Linear(WIDTH, 4 * WIDTH), nn.Linear(4 * WIDTH, WIDTH)
         self.head = nn.Linear(WIDTH, VOCAB)
         self.spare = nn.Linear(WIDTH, 2)  # built, never called: a pooler, an unused head
+        self.positions = nn.Parameter(torch.zeros(1, SEQ, WIDTH))  # learned, no module of its own
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        h = self.embed(ids)
+        positions = self.positions.data if self.bug == "positions_data" else self.positions
+        h = self.embed(ids) + positions[:, : ids.shape[1]]
         branch = self.down(F.gelu(self.up(h)))
         if self.bug == "discarded":  # CellFlow PR 296: z_ = Dense(z); z_ = Dropout(z)
             branch = F.dropout(h, 0.0, self.training)
@@ -112,6 +115,7 @@ def statuses(bug: str = "", model: nn.Module | None = None) -> dict[str, str]:
     [
         ("discarded", "sublayer_output_discarded"),
         ("detached", "sublayer_output_discarded"),
+        ("positions_data", "sublayer_output_discarded"),
         ("ema_kept", "weights_overwritten"),
         ("resume_prefixed", "weights_overwritten"),
         ("head_from_embedding", "weights_overwritten"),

@@ -99,10 +99,11 @@ MEASURED = (
     "adam_step_beyond_bound",
     "gradient_along_weights",
     "rows_repeat_within_epoch",
+    "loss_reads_scaled_logits",
 )
 """Probe checks that judge one measured number against a cut: their healthy values show the
 margin (a share left unchanged, a share under eps, the largest step over Adam's bound, a median
-cosine, a distinct share)."""
+cosine, a distinct share, the loss's factor on the logits)."""
 VALUES: dict[str, dict[str, float]] = {}
 """By run: each MEASURED check's value where it was judged."""
 STATUSES: dict[str, dict[str, str]] = {}

@@ -280,6 +280,8 @@ class InvariantHooks:
         self.row_influence: float | None = None
         self.index_influence: float | None = None
         self.stream_zeros: dict[str, float] | None = None
+        self.detached_reads: list[str] = []
+        """Parameters a forward read through a tensor cut from the graph (model_checks)."""
         self.loss_logit_scale: float | None = None
         """c in the loss's input = c x the model's logits (model_checks.loss_logit_scale)."""
         self.twin_calls: list[tuple[str, dict[str, int], int]] | None = None

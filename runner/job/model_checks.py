@@ -326,6 +326,43 @@ def _twin_children(parent: nn.Module) -> dict[tuple, list[tuple[str, nn.Module]]
     return groups
 
 
+def detached_reads(model: nn.Module, loss: Callable[[], Any]) -> list[str]:
+    """The trainable parameters whose values one forward (autograd on) read through a tensor
+    cut from the graph (`param.data`, `param.detach()`): an operand that shares a parameter's
+    storage and does not require a gradient. A view taken the usual way (`weight[:T]`) still
+    requires one, so only a cut read counts."""
+    storages: dict[int, str] = {}
+    shared: set[int] = set()  # one storage under several parameters (a flat buffer): ambiguous
+    for name, param in model.named_parameters():
+        if param.requires_grad and param.numel():
+            pointer = param.untyped_storage().data_ptr()
+            (shared.add if pointer in storages else lambda _: None)(pointer)
+            storages[pointer] = name
+    storages = {pointer: name for pointer, name in storages.items() if pointer not in shared}
+    found: list[str] = []
+    with _evaluating(model), torch.enable_grad(), _CutReads(storages, found):
+        loss()
+    return found
+
+
+class _CutReads(TorchFunctionMode):
+    """Collects the parameters (by name, from `storages`) that an operation reads through a
+    tensor that shares their storage and does not require a gradient."""
+
+    def __init__(self, storages: dict[int, str], found: list[str]):
+        super().__init__()
+        self.storages, self.found = storages, found
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        for operand in (*args, *kwargs.values()):
+            if torch.is_tensor(operand) and not operand.requires_grad and operand.numel():
+                name = self.storages.get(operand.untyped_storage().data_ptr())
+                if name is not None and name not in self.found:
+                    self.found.append(name)
+        return func(*args, **kwargs)
+
+
 def loss_logit_scale(model: nn.Module, loss: Callable[[], Any]) -> float | None:
     """The factor c by which the cross-entropy the loss calls reads the model's own logits
     (c x the logits, all positions or all but the last), in one eval forward: 1 when the loss

@@ -596,7 +596,8 @@ class Probe:
         fed something nonlinear (runner/job/model_checks.py), does each dropout call feed the
         loss once (runner/job/dropout_calls.py), is each of a block's twin modules called
         (model_checks.sibling_calls), does the loss read the logits as the model returns them
-        (model_checks.loss_logit_scale)? A forward these checks cannot
+        (model_checks.loss_logit_scale), which parameters are read cut from the graph
+        (model_checks.detached_reads)? A forward these checks cannot
         run leaves them unread (skipped), never the user's training stopped."""
         self._model_checked = True
         try:
@@ -619,6 +620,7 @@ class Probe:
         hooks.dropout_calls = dropout_calls(self.model, loss)
         hooks.twin_calls = model_checks.sibling_calls(self.model, loss)
         hooks.loss_logit_scale = model_checks.loss_logit_scale(self.model, loss)
+        hooks.detached_reads = model_checks.detached_reads(self.model, loss)
         hooks.padding_influence = model_checks.padding_influence(
             self.model, batch, self._loss, _input_embedding(self.model), hooks.pad_id
         )
@@ -1292,6 +1294,7 @@ def read_invariants(
     facts.stream_zeros = hooks.stream_zeros
     facts.twin_calls = hooks.twin_calls or None
     facts.loss_logit_scale = hooks.loss_logit_scale
+    facts.cut_unused = [name for name in facts.no_grad if name in hooks.detached_reads]
     if hooks.dropout_calls is not None and hooks.dropout_calls.applied:
         calls = hooks.dropout_calls
         facts.dropout_calls = (calls.applied, calls.discarded, calls.stacked)
