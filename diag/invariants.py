@@ -596,6 +596,47 @@ def schedule_collapse(lrs: Sequence[float], total_steps: int) -> list[Violation]
     return []
 
 
+DECAY_JUMP = 3.0
+"""How many times the largest of the next DECAY_STEPS drops the LR's first drop after its warmup
+may be. A schedule that decays from where its warmup ended starts smoothly: a linear decay
+drops by the same amount each step (ratio 1), a cosine by less at its start than after it (below
+1), an inverse square root by about as much; a decay counted from step 0 under the warmup
+starts where it would be had it decayed all along, a fall of warmup / total of the peak in one
+step for a linear decay (24 warmup steps: 24 times its next drops)."""
+DECAY_STEPS = 3
+"""The drops after the first that set its scale."""
+DECAY_JUMP_MIN = 0.01
+"""The least share of the peak the first drop must take to count (a rounding step is not a
+fall)."""
+
+
+def decay_jumps_after_warmup(lrs: Sequence[float]) -> list[Violation]:
+    """After a warmup (the LR rose to its peak), the first step down drops the LR DECAY_JUMP
+    times more than any of the next DECAY_STEPS: the decay was counted from step 0 while the
+    warmup ran, so it starts where it would be had it decayed all along (a cosine's progress
+    from the run's start: microsoft/Swin-Transformer#277, PaddleDetection PR 4611). A flat top
+    (warmup, then constant) drops nothing there and is not this. `lrs`: the LR after each
+    optimizer step (param group 0). Hook: after each step."""
+    if len(lrs) < 2:
+        return []
+    top = max(lrs)
+    peak = lrs.index(top)
+    if peak == 0 or lrs[0] >= top or len(lrs) < peak + DECAY_STEPS + 2:
+        return []
+    drops = [lrs[step] - lrs[step + 1] for step in range(peak, peak + DECAY_STEPS + 1)]
+    first, after = drops[0], max(drops[1:])
+    if first < DECAY_JUMP_MIN * top or first <= DECAY_JUMP * max(after, 0.0):
+        return []
+    return [
+        Violation(
+            "decay_continues_from_warmup",
+            f"step {peak + 1}, after the warmup's peak at step {peak}",
+            f"the LR fell {first / top:.2%} of its peak {top:.3g} in one step, "
+            f"{first / max(after, 1e-30):.3g}x the largest of the next {DECAY_STEPS} drops",
+        )
+    ]
+
+
 def warmup_never_ends(lrs: Sequence[float], total_steps: int, set_lr: float) -> list[Violation]:
     """Through the first WARMUP_WINDOW of the run the LR stayed below WARMUP_REACH of the LR its
     schedule was set to. `lrs`: the LR applied at each step so far (param group 0); judged once

@@ -392,6 +392,11 @@ def invariant_checks(facts: LiveFacts, rules: dict) -> list[Check]:
         _named_list(rules["eval_in_train_mode"], facts.train_at_eval, "train_mode", "fail"),
         _violations(rules["params_frozen"], frozen if facts.total_elements else None, "warn"),
         _violations(rules["lr_schedule_collapse"], collapse, "fail"),
+        _judged(
+            rules["decay_restarts_after_warmup"],
+            facts.lrs or None,
+            invariants.decay_jumps_after_warmup,
+        ),
         _violations(rules["replicas_disagree"], replicas, "fail"),
         _fair_stream(facts, rules["unshuffled_data"]),
         _violations(

@@ -309,6 +309,7 @@ class Checks(Strict):
     dropout_not_as_declared: Invariant
     module_called_for_its_twin: Invariant
     loss_reads_scaled_logits: Invariant
+    decay_restarts_after_warmup: Invariant
     padding_attended: Invariant
     scheduler_outpaces_optimizer: Invariant
     run_ended_early: Invariant

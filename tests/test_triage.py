@@ -1177,6 +1177,7 @@ NO_CARD_ROWS = {"noisy_labels", "noisy_labels_flat"} | {  # broken invariants: a
     "dropout_not_as_declared",
     "module_called_for_its_twin",
     "loss_reads_scaled_logits",
+    "decay_restarts_after_warmup",
     "padding_attended",
     "attention_scale_wrong",
     "attention_rows_unnormalised",

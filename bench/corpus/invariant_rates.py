@@ -76,6 +76,7 @@ PROBE_CHECKS = (
     "dropout_not_as_declared",
     "module_called_for_its_twin",
     "loss_reads_scaled_logits",
+    "decay_restarts_after_warmup",
     "padding_attended",
     "attention_scale_wrong",
     "attention_rows_unnormalised",
