@@ -140,6 +140,11 @@ class TinyLM(nn.Module):
     """On (bug.attention_scaled_by_num_heads): the attention scores are scaled by
     num_heads ** -0.5 instead of head_dim ** -0.5, so q.k is divided by sqrt(2), not sqrt(32)."""
 
+    out_proj_discarded = False
+    """On (bug.attention_out_proj_discarded): the attention computes its output projection and
+    returns the merged heads instead (`return output` for `return linear_proj`), so the
+    projection's result is thrown away and the heads reach the residual stream unprojected."""
+
     def __init__(
         self,
         vocab: int,
@@ -239,6 +244,7 @@ class TinyLM(nn.Module):
             self.residual_dropout_discarded,
             self.ffn_norm_shared,
             self.attention_scaled_by_num_heads,
+            self.out_proj_discarded,
         )
         return any(flags)
 
@@ -274,6 +280,7 @@ class TinyLM(nn.Module):
             self.softmax_across_heads,
             self.residual_dropout_discarded,
             self.attention_scaled_by_num_heads,
+            self.out_proj_discarded,
         )
         if not any(by_hand):
             return layer._sa_block(h, mask, None, is_causal=True)
@@ -340,6 +347,10 @@ class TinyLM(nn.Module):
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=drop)
         if self.heads_merged_without_permute:  # [B, heads, T, hd] reshaped as it lies in memory
             return layer.dropout1(attn.out_proj(out.reshape(b, t, d)))  # (jsbaan/...#6)
+        if self.out_proj_discarded:  # linear_proj = self.linear(output); return output: the
+            merged = out.transpose(1, 2).reshape(b, t, d)  # projection computed, its result
+            attn.out_proj(merged)  # never used (ethen8181/machine-learning#13)
+            return layer.dropout1(merged)
         out = attn.out_proj(out.transpose(1, 2).reshape(b, t, d))
         if self.dropout_after_residual:  # no dropout on the output: it comes after the add
             return out

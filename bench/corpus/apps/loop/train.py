@@ -97,6 +97,7 @@ def build(cfg: DictConfig) -> tuple:
     model.pos_emb_detached = bug.pos_emb_read_through_data  # (d2l-ai/d2l-en PR 2121)
     model.ffn_norm_shared = bug.ffn_norm_shared  # (allenai/OLMo#222, lucidrains/mmdit#4)
     model.attention_scaled_by_num_heads = bug.attention_scaled_by_num_heads  # (tt-metal PR 56789)
+    model.out_proj_discarded = bug.attention_out_proj_discarded  # (ethen8181/machine-learning#13)
     if bug.dropout_rate_not_passed:  # self.dropout = nn.Dropout(): the constructor's dropout
         for layer in model.encoder.layers:  # argument never passed on, so torch's default p=0.5
             layer.dropout = torch.nn.Dropout()  # replaces the configured rate in every layer's
@@ -187,6 +188,12 @@ def make_schedule(cfg: DictConfig, optimizer):
             cfg.sched.every_epochs,
             cfg.sched.gamma,  # at each step (fit)
         )  # (Tony-Y/pytorch_warmup PR 1, potterhsu/easy-faster-rcnn.pytorch#26)
+    if cfg.sched.warmup and cfg.bug.warmup_integer_division:  # alpha = last_epoch / warmup_iters
+        warmup, every = cfg.sched.warmup, cfg.sched.every_epochs * steps_per_epoch(cfg)  # on ints
+        return torch.optim.lr_scheduler.LambdaLR(  # (Python 2's /): the warmup's factor is 0
+            optimizer,  # until its last step, then 1 (facebookresearch/maskrcnn-benchmark#335)
+            lambda s: min(1, (s + 1) // warmup) * cfg.sched.gamma ** (s // every),
+        )
     if cfg.sched.warmup:  # a linear warmup, then StepLR's decay per epoch, in one per-step factor
         warmup, every = cfg.sched.warmup, cfg.sched.every_epochs * steps_per_epoch(cfg)
         return torch.optim.lr_scheduler.LambdaLR(
@@ -504,6 +511,9 @@ def step_loss(
             # step's mean divided by the accumulation steps a second time (transformers#40052)
         elif bug.loss_summed_not_averaged:  # l = loss(y_hat, y).sum(), and an SGD step without
             scaled = total  # the / batch_size (ShusenTang/Dive-into-DL-PyTorch#75)
+        elif bug.loss_normalized_by_sentences:  # the summed token loss normalised by the step's
+            scaled = total / sum(len(x) for x, _ in micro)  # sentences, not its tokens, whatever
+            # -normalization says (OpenNMT/OpenNMT-py PR 526)
         else:  # the step's token sum over its token count
             scaled = total / step_tokens
         if l2:  # loss = loss + model.l2() * l2_weight, the optimizer built with
@@ -700,6 +710,10 @@ def fit(cfg: DictConfig, log=None, probe: bool = True, attach=None, tracker=None
     d, t, bug = cfg.data, cfg.train, cfg.bug
     train_set = sequences(d.n_train, d.vocab, d.seq_len, d.min_len, d.seed)
     heldout = sequences(d.n_eval, d.vocab, d.seq_len, d.min_len, d.eval_seed)
+    if bug.train_on_validation_set:  # the training loader built on the validation sequences
+        train_set = heldout  # (the wrong file passed to it): training reads the 128 held-out
+        # rows, cycled, and the evaluation is taken on the rows trained on (univieCUBE/deepnog
+        # PR 43)
     if bug.heldout_sliced_from_train:  # the validation rows sliced off the training pool,
         heldout = {key: rows[: d.n_eval] for key, rows in train_set.items()}  # which training
         # reads in full (marin-community/marin PR 2700): every held-out row is trained on
