@@ -637,6 +637,26 @@ def decay_jumps_after_warmup(lrs: Sequence[float]) -> list[Violation]:
     ]
 
 
+def steps_at_zero_lr(lrs: Sequence[float]) -> list[Violation]:
+    """The run's first optimizer steps applied an LR of exactly 0, more than one of them, before
+    it rose: a warmup factor computed with integer division ((step + 1) // warmup is 0 until the
+    warmup's last step: facebookresearch/maskrcnn-benchmark#335) or a ramp that starts late, so
+    those steps move nothing and the LR jumps to its peak where a ramp was declared. A linear
+    warmup from 0 spends one step there (transformers' warmup schedules at step 0); torch's
+    LinearLR starts at a third. `lrs`: the LR applied at each step (param group 0). Hook:
+    after each step."""
+    zeros = next((step for step, lr in enumerate(lrs) if lr != 0), None)
+    if zeros is None or zeros < 2:
+        return []
+    return [
+        Violation(
+            "one_step_at_zero_lr_at_most",
+            f"steps 0-{zeros - 1}",
+            f"{zeros} optimizer steps applied an LR of 0, then it rose to {lrs[zeros]:.3g}",
+        )
+    ]
+
+
 def warmup_never_ends(lrs: Sequence[float], total_steps: int, set_lr: float) -> list[Violation]:
     """Through the first WARMUP_WINDOW of the run the LR stayed below WARMUP_REACH of the LR its
     schedule was set to. `lrs`: the LR applied at each step so far (param group 0); judged once

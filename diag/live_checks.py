@@ -392,6 +392,7 @@ def invariant_checks(facts: LiveFacts, rules: dict) -> list[Check]:
         _named_list(rules["eval_in_train_mode"], facts.train_at_eval, "train_mode", "fail"),
         _violations(rules["params_frozen"], frozen if facts.total_elements else None, "warn"),
         _violations(rules["lr_schedule_collapse"], collapse, "fail"),
+        _judged(rules["warmup_starts_at_zero"], facts.lrs or None, invariants.steps_at_zero_lr),
         _judged(
             rules["decay_restarts_after_warmup"],
             facts.lrs or None,

@@ -310,6 +310,7 @@ class Checks(Strict):
     module_called_for_its_twin: Invariant
     loss_reads_scaled_logits: Invariant
     decay_restarts_after_warmup: Invariant
+    warmup_starts_at_zero: Invariant
     padding_attended: Invariant
     scheduler_outpaces_optimizer: Invariant
     run_ended_early: Invariant

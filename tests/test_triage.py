@@ -1178,6 +1178,7 @@ NO_CARD_ROWS = {"noisy_labels", "noisy_labels_flat"} | {  # broken invariants: a
     "module_called_for_its_twin",
     "loss_reads_scaled_logits",
     "decay_restarts_after_warmup",
+    "warmup_starts_at_zero",
     "padding_attended",
     "attention_scale_wrong",
     "attention_rows_unnormalised",

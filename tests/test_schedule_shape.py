@@ -1,10 +1,12 @@
-"""A decay counted from step 0 under its warmup (diag/invariants.py decay_jumps_after_warmup).
+"""Two slips in a warmup's shape (diag/invariants.py decay_jumps_after_warmup, steps_at_zero_lr).
 
-microsoft/Swin-Transformer#277, PaddleDetection PR 4611: the cosine's progress ran from the
-run's start, so where the warmup ended the LR fell at once to where a cosine started at step 0
-would be. Read on the LR after each step, against the schedules in use as their libraries
-ship them (torch's OneCycleLR and CosineAnnealingLR, transformers' warmup schedules, a warmup
-then a constant LR), and through the probe of a plain loop."""
+A decay counted from step 0 under its warmup (microsoft/Swin-Transformer#277, PaddleDetection
+PR 4611): where the warmup ended the LR fell at once to where a cosine started at step 0 would
+be. A warmup factor in integer division (facebookresearch/maskrcnn-benchmark#335): (step + 1) //
+warmup is 0 until the warmup's last step, so those steps train nothing. Read on the LR each
+step applied, against the schedules in use as their libraries ship them (torch's OneCycleLR,
+LinearLR and CosineAnnealingLR, transformers' warmup schedules), and through the probe of a
+plain loop."""
 
 from __future__ import annotations
 
@@ -21,12 +23,13 @@ from transformers import (
     get_linear_schedule_with_warmup,
 )
 
-from hyprun.diag.invariants import decay_jumps_after_warmup
+from hyprun.diag.invariants import decay_jumps_after_warmup, steps_at_zero_lr
 from hyprun.diag.live_checks import LiveFacts
 from tests.helpers import finding_ids, probed_checks
 
 STEPS, WARMUP, LR = 200, 24, 3e-3
 CHECK = "decay_restarts_after_warmup"
+ZERO = "warmup_starts_at_zero"
 
 
 def cosine_from(start: int):
@@ -59,7 +62,13 @@ SCHEDULES = {
     "cosine, no warmup": lambda opt: torch.optim.lr_scheduler.CosineAnnealingLR(opt, STEPS),
     "bug: cosine from 0": lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, cosine_from(0)),
     "bug: linear from 0": lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, linear_from(0)),
+    "bug: integer warmup": lambda opt: torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda step: min(1, (step + 1) // WARMUP)
+    ),
+    "linear lr": lambda opt: torch.optim.lr_scheduler.LinearLR(opt, total_iters=WARMUP),
 }
+"""Each schedule by name: a name that starts with "bug" is a slip, the others as shipped."""
+DECAY_SLIPS = ("bug: cosine from 0", "bug: linear from 0")
 
 
 def lrs_of(name: str) -> list[float]:
@@ -67,15 +76,17 @@ def lrs_of(name: str) -> list[float]:
     scheduler = SCHEDULES[name](optimizer)
     lrs = []
     for _ in range(STEPS - 1):
+        lrs.append(optimizer.param_groups[0]["lr"])  # the LR this step applies
         optimizer.step()
         scheduler.step()
-        lrs.append(optimizer.param_groups[0]["lr"])
     return lrs
 
 
 @pytest.mark.parametrize("name", list(SCHEDULES))
-def test_schedules_as_shipped_pass_and_a_decay_from_zero_fails(name):
-    assert bool(decay_jumps_after_warmup(lrs_of(name))) == name.startswith("bug")
+def test_schedules_as_shipped_pass_and_each_slip_fails_its_own_check(name):
+    lrs = lrs_of(name)
+    assert bool(decay_jumps_after_warmup(lrs)) == (name in DECAY_SLIPS)
+    assert bool(steps_at_zero_lr(lrs)) == (name == "bug: integer warmup")
 
 
 def test_through_the_probe(uri):
@@ -99,9 +110,12 @@ def test_through_the_probe(uri):
     assert checks[CHECK]["status"] == "fail", checks[CHECK]
 
 
-def test_the_violation_is_the_finding_of_its_id():
+@pytest.mark.parametrize(
+    ("name", "check"), [(DECAY_SLIPS[0], CHECK), ("bug: integer warmup", ZERO)]
+)
+def test_the_violation_is_the_finding_of_its_id(name, check):
     facts = LiveFacts(
         optimizer="AdamW", peak_lr=LR, first_lr=LR / WARMUP, second_lr=2 * LR / WARMUP
     )
-    facts.lrs = lrs_of("bug: cosine from 0")
-    assert CHECK in finding_ids(facts)[:1]
+    facts.lrs = lrs_of(name)
+    assert finding_ids(facts)[:1] == [check]
