@@ -20,10 +20,16 @@ the first scanned step (the model as initialised) for hyprun.diag.invariants:
 - dropout on the branches: the stream a later norm layer reads holds no more exact zeros in
   train mode than in eval mode (stream_dropped);
 - attention scaled and normalised: q.k divided by sqrt(head_dim), weights summing to one over
-  the keys (attention_scale_wrong, attention_rows_unnormalised; runner/job/attention_reads.py).
+  the keys (attention_scale_wrong, attention_rows_unnormalised; runner/job/attention_reads.py);
+- twins each in their place: no child module is left uncalled while its twin (same class and
+  parameter shapes, same parent) runs more often than their parent (twin_called_instead);
+- the logits as returned: a next-token cross-entropy reads the model's logits, not a multiple of
+  them (logits_rescaled);
+- no parameter read cut from the graph (`.data`, `.detach()`) (outputs_unused).
 
-Seventeen forwards per run without autograd, all in eval mode but one, inside a forked RNG: the
-training that follows draws the same random numbers as without them.
+Twenty forwards per run, all in eval mode but one, all but the last without autograd (the cut
+reads need the graph; no backward runs), inside a forked RNG: the training that follows draws
+the same random numbers as without them.
 """
 
 from __future__ import annotations
