@@ -377,9 +377,13 @@ def make_optimizer(cfg: DictConfig, model: torch.nn.Module) -> torch.optim.Optim
         return torch.optim.AdamW(params, lr=o.lr, weight_decay=0.0)
     if bug.adam_eps_too_large:  # eps=0.1 where 1e-8 was meant (mlpnlp/mlpnlp-nmt#4)
         return torch.optim.AdamW(params, lr=o.lr, weight_decay=o.weight_decay, eps=0.1)
-    if bug.adam_bias_correction_in_place or bug.adam_bias_correction_inverted:
+    if (
+        bug.adam_bias_correction_in_place
+        or bug.adam_bias_correction_inverted
+        or bug.adam_second_moment_undampened
+    ):
         return HandWrittenAdamW(params, o.lr, o.weight_decay, bug)  # (frgfm/holocron#1,
-        # kozistr/pytorch_optimizer PR 308)
+        # kozistr/pytorch_optimizer PR 308, fastai/fastbook PR 342)
     if bug.adam_beta2_inverted:  # 0.999 given where 1 - beta2 was read (mila-iqia/blocks#1159)
         betas = (0.9, 1 - 0.999)
         return torch.optim.AdamW(params, lr=o.lr, weight_decay=o.weight_decay, betas=betas)
@@ -586,12 +590,15 @@ def clip_by_squared_norm(model: torch.nn.Module, max_norm: float) -> None:
 
 class HandWrittenAdamW(torch.optim.Optimizer):
     """AdamW written out as an optimizer of its own, decoupled weight decay included, with one of
-    two reported bias-correction bugs (both reports' optimizers are classes like this one).
+    three reported moment bugs (the reports' optimizers are classes like this one).
     bug.adam_bias_correction_in_place: the first moment is bias-corrected in its buffer,
     exp_avg.div_(1 - beta1 ** t), so each step's correction compounds on the last ones
     (frgfm/holocron#1). bug.adam_bias_correction_inverted: each correction is written
     1 - (1 - beta ** t), the minus one taken twice, so the moments are divided by beta ** t
-    instead of 1 - beta ** t (kozistr/pytorch_optimizer PR 308)."""
+    instead of 1 - beta ** t (kozistr/pytorch_optimizer PR 308).
+    bug.adam_second_moment_undampened: the squared-gradient average is written
+    v * beta2 + g ** 2, the new term without its 1 - beta2 weight (fastai/fastbook PR 342);
+    its bias corrections are the correct ones."""
 
     def __init__(self, params, lr: float, weight_decay: float, bug) -> None:
         super().__init__(
@@ -617,12 +624,18 @@ class HandWrittenAdamW(torch.optim.Optimizer):
         t, m, v = state["step"], state["exp_avg"], state["exp_avg_sq"]
         p.mul_(1 - group["lr"] * group["weight_decay"])
         m.mul_(beta1).add_(p.grad, alpha=1 - beta1)
-        v.mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
+        if self.bug.adam_second_moment_undampened:  # sqr_avg * sqr_mom + grad ** 2: the
+            v.mul_(beta2).addcmul_(p.grad, p.grad)  # new squared gradient added whole, without
+            # its 1 - beta2 weight (fastai/fastbook PR 342)
+        else:
+            v.mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
         if self.bug.adam_bias_correction_in_place:
             m.div_(1 - beta1**t)  # written into the buffer the next step decays
             m_hat, v_hat = m, v / (1 - beta2**t)
-        else:
+        elif self.bug.adam_bias_correction_inverted:
             m_hat, v_hat = m / (1 - (1 - beta1**t)), v / (1 - (1 - beta2**t))
+        else:
+            m_hat, v_hat = m / (1 - beta1**t), v / (1 - beta2**t)
         p.addcdiv_(m_hat, v_hat.sqrt().add_(group["eps"]), value=-group["lr"])
 
 
@@ -847,6 +860,10 @@ def fit(cfg: DictConfig, log=None, probe: bool = True, attach=None, tracker=None
             with torch.no_grad():  # the scheduled one the step uses (Ranger21's warmup and
                 for parameter in model.parameters():  # warmdown; kozistr/pytorch_optimizer#169,
                     parameter.mul_(1 - cfg.optim.lr * cfg.optim.weight_decay)  # PR 170)
+        if bug.momentum_buffer_reset_each_step:  # init_group() run by every step(), its
+            for state in optimizer.state.values():  # state['momentum_buffer'] made afresh each
+                state.pop("momentum_buffer", None)  # time, so no step's momentum reaches the
+            # next (kozistr/pytorch_optimizer PR 516, SignSGD)
         if bug.optimizer_step_missing:
             pass  # backward, scheduler step and zero_grad, no optimizer.step() between them
             # (tedlasai/learn2refocus#5)
@@ -930,6 +947,9 @@ def fit(cfg: DictConfig, log=None, probe: bool = True, attach=None, tracker=None
                     best_loss, best_state = last, copy.deepcopy(evaluated.state_dict())
             if cfg.sched.name == "plateau":
                 schedule.step(last)
+            elif bug.scheduler_stepped_in_eval:  # run_epoch(..., scheduler) ends in
+                schedule.step()  # scheduler.step() and runs for the evaluation pass too, so the
+                # schedule also advances at every evaluation (NVlabs/PALAVRA#4)
             if log:
                 log("eval_loss", last, step)
             if not bug.eval_mode_left_on:
