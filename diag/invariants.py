@@ -1149,10 +1149,17 @@ def optimizer_state_reset(resets: Sequence[int]) -> list[Violation]:
     """The optimizer's own step count went back during the run: its state (Adam's moments and
     step count) was cleared (optimizer.state.clear() each epoch, an early state dict loaded
     again), so each restart takes Adam's first, bias-corrected full-size steps again with no
-    gradient history. Exact: the count only grows. Hook: after each optimizer step, the first
+    gradient history; SGD's momentum buffer made afresh before every step (kozistr/
+    pytorch_optimizer PR 516) runs SGD without its momentum. Exact: the count only grows, and a
+    buffer updated in place stays the same tensor. Hook: after each optimizer step, the first
     parameter's state."""
     return [
-        Violation("optimizer_state_kept", f"step {step}", "the optimizer's step count went back")
+        Violation(
+            "optimizer_state_kept",
+            f"step {step}",
+            "the optimizer's state started over (its step count went back, or its momentum "
+            "buffer was made afresh)",
+        )
         for step in resets
     ]
 

@@ -126,17 +126,20 @@ def test_a_bottleneck_or_an_in_place_activation_is_no_linear_pair():
 def probed_loop(bug: str = "") -> dict[str, str]:
     """A plain loop with the probe attached and one bug planted: the four checks' statuses."""
     model = TinyLM(bug)
-    optimizer = (
-        torch.optim.SGD(model.parameters(), lr=0.1)
-        if bug == "sgd"
-        else torch.optim.AdamW(model.parameters(), lr=1e-3)
-    )
+    if bug.startswith("sgd"):
+        momentum = 0.9 if bug.startswith("sgd_momentum") else 0.0
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=momentum)
+    else:
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     probe = Probe(
         model, optimizer, step_unit="steps", every_steps=2, heldout=batch(99), loss_fn=loss_of
     )
     for step in range(6):
         if bug == "state_reset" and step == 3:  # a fresh Adam each epoch: moments start over
             optimizer.state.clear()
+        if bug == "sgd_momentum_reset":  # the buffer made afresh by every step (pytorch_optimizer
+            for state in optimizer.state.values():  # PR 516): SGD without its momentum
+                state.pop("momentum_buffer", None)
         rows = batch(99 if bug == "heldout_from_train" and step == 2 else step)  # marin PR 2700
         loss = loss_of(model, rows)
         loss.backward()
@@ -150,7 +153,9 @@ def probed_loop(bug: str = "") -> dict[str, str]:
 
 def test_through_the_probe_each_bug_fails_its_own_check_and_only_it(uri):
     assert set(probed_loop().values()) == {"pass"}
-    assert probed_loop("sgd")["optimizer_state_reset"] == "skip"  # SGD keeps no step count
+    assert probed_loop("sgd")["optimizer_state_reset"] == "skip"  # no step count nor momentum
+    assert probed_loop("sgd_momentum")["optimizer_state_reset"] == "pass"
+    assert probed_loop("sgd_momentum_reset")["optimizer_state_reset"] == "fail"
     for bug, check, status in [
         ("stream_overwritten", "residual_connection_dropped", "fail"),
         ("no_activation", "activation_missing", "fail"),

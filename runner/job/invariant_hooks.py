@@ -314,7 +314,10 @@ class InvariantHooks:
         """The ids the first steps' losses counted as targets."""
         """Held-out rows met among the training rows of the checked steps."""
         self.state_reads = 0
-        """Optimizer steps whose step count was read (SGD keeps none)."""
+        """Optimizer steps whose step count or momentum buffer was read."""
+        self._momentum: torch.Tensor | None = None
+        """The first parameter's momentum buffer after the last step read (held, so a new one
+        cannot take its place in memory and pass for it)."""
         self.called: set[str] = set()
         """Modules owning trainable parameters (the model itself aside) whose forward ran in
         training before the first backward (`called_modules` ends the read)."""
@@ -647,6 +650,7 @@ class InvariantHooks:
         state = getattr(optimizer, "state", {}).get(first[0], {}) if first else {}
         count = state.get("step") if isinstance(state, dict) else None
         if count is None:
+            self._read_momentum(optimizer, first[0] if first else None, state)
             return
         on_device = torch.is_tensor(count) and count.device.type != "cpu"
         if on_device and not self.checked_steps(self._step):
@@ -655,6 +659,30 @@ class InvariantHooks:
         if self._state_step is not None and count < self._state_step:
             self.state_resets.append(self._step)
         self._state_step = count
+
+    def _read_momentum(self, optimizer, first, state) -> None:
+        """SGD keeps no step count, but its momentum buffer: torch's SGD updates it in place
+        (buf.mul_(momentum).add_(grad)) and makes a new one only where there is none, as a
+        clone of the gradient. A new buffer after a step past the first (torch's SGD), or one
+        equal to the step's non-zero gradient (any optimizer that keeps `momentum_buffer`), is a
+        state discarded before the step: momentum never carries over."""
+        buffer = state.get("momentum_buffer") if isinstance(state, dict) else None
+        if not torch.is_tensor(buffer) or first is None:
+            return
+        self.state_reads += 1
+        replaced = isinstance(optimizer, torch.optim.SGD) and self._momentum is not None
+        replaced = replaced and buffer is not self._momentum
+        grad = first.grad
+        fresh = (
+            self._momentum is not None
+            and self.checked_steps(self._step)
+            and grad is not None
+            and bool(grad.any())
+            and torch.equal(buffer, grad)
+        )
+        if replaced or fresh:
+            self.state_resets.append(self._step)
+        self._momentum = buffer
 
     def remove(self) -> None:
         self.loss_read_done()
