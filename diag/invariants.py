@@ -1145,6 +1145,27 @@ def norm_gains_small(gains: Mapping[str, float]) -> list[Violation]:
     ]
 
 
+MOMENT_TOL = 1e-2
+"""How far from 1 Adam's moments after its first step may read against (1 - beta) x the
+gradient and its square: float rounding of an exact 1, far below the 10x and 1000x a dropped
+weight makes."""
+
+
+def adam_moments_misweighted(ratios: tuple[float, float]) -> list[Violation]:
+    """After an Adam optimizer's first step, its first moment is (1 - beta1) g and its second
+    (1 - beta2) g^2 exactly; a moment update that drops its (1 - beta) weight (v = beta2 v + g^2:
+    fastai/fastbook PR 342) reads 1 / (1 - beta) times that, and every step is as if the LR were
+    sqrt(1 - beta2) (or 1 / (1 - beta1)) times its own. `ratios`: (first moment, second
+    moment) over their Adam values. Hook: after the first optimizer step
+    (runner/job/adam_step.py first_moments)."""
+    names = ("first moment", "second moment")
+    return [
+        Violation("adam_moments_weighted", name, f"{ratio:.4g}x Adam's after the first step")
+        for name, ratio in zip(names, ratios, strict=True)
+        if abs(ratio - 1) > MOMENT_TOL
+    ]
+
+
 def optimizer_state_reset(resets: Sequence[int]) -> list[Violation]:
     """The optimizer's own step count went back during the run: its state (Adam's moments and
     step count) was cleared (optimizer.state.clear() each epoch, an early state dict loaded

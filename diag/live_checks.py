@@ -133,6 +133,9 @@ class LiveFacts:
     loss_logit_scale: float | None = None
     """The factor c by which the cross-entropy reads the model's logits (c x logits) in one
     eval forward of the held-out batch (invariants.logits_rescaled); None: not read."""
+    adam_moments: tuple[float, float] | None = None
+    """After an Adam optimizer's first step, its first and second moments over (1 - beta) x the
+    gradient and its square (invariants.adam_moments_misweighted); None: not read."""
     twin_calls: list[tuple[str, dict[str, int], int]] | None = None
     """Per parent module with twin children (one class, the same parameter shapes): (its name,
     calls by twin, its own calls) in one eval forward (invariants.twin_called_instead); None:
@@ -537,6 +540,11 @@ def invariant_checks(facts: LiveFacts, rules: dict) -> list[Check]:
         ),
         _judged(
             rules["optimizer_state_reset"], facts.state_resets, invariants.optimizer_state_reset
+        ),
+        _judged(
+            rules["adam_moments_misweighted"],
+            facts.adam_moments,
+            invariants.adam_moments_misweighted,
         ),
         _judged(
             rules["sublayer_output_discarded"],

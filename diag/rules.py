@@ -311,6 +311,7 @@ class Checks(Strict):
     loss_reads_scaled_logits: Invariant
     decay_restarts_after_warmup: Invariant
     warmup_starts_at_zero: Invariant
+    adam_moments_misweighted: Invariant
     padding_attended: Invariant
     scheduler_outpaces_optimizer: Invariant
     run_ended_early: Invariant

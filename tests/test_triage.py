@@ -1179,6 +1179,7 @@ NO_CARD_ROWS = {"noisy_labels", "noisy_labels_flat"} | {  # broken invariants: a
     "loss_reads_scaled_logits",
     "decay_restarts_after_warmup",
     "warmup_starts_at_zero",
+    "adam_moments_misweighted",
     "padding_attended",
     "attention_scale_wrong",
     "attention_rows_unnormalised",

@@ -78,6 +78,7 @@ PROBE_CHECKS = (
     "loss_reads_scaled_logits",
     "decay_restarts_after_warmup",
     "warmup_starts_at_zero",
+    "adam_moments_misweighted",
     "padding_attended",
     "attention_scale_wrong",
     "attention_rows_unnormalised",

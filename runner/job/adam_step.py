@@ -89,3 +89,42 @@ def steps_beyond_bound(
     table = torch.stack([read.to(reads[0].device) for read in reads]).cpu()  # one transfer
     worst, beyond, judged = float(table[:, 0].max()), int(table[:, 1].sum()), int(table[:, 2].sum())
     return (worst, beyond, judged) if judged else None
+
+
+def first_moments(optimizer: Any) -> tuple[float, float] | None:
+    """After an Adam optimizer's first step, (its first moment over (1 - beta1) x the gradient,
+    its second moment over (1 - beta2) x the squared gradient), summed over the parameters whose
+    state is at step 1: both exactly 1 for Adam's update m = beta1 m + (1 - beta1) g, v = beta2 v
+    + (1 - beta2) g^2 from zero, whatever the gradient. The gradient read is the .grad the step
+    used (clipped and unscaled in place); a coupled L2 decay adds to it inside the step, so
+    groups of a class that is not AdamW with weight_decay > 0 are not read. None: no optimizer
+    that calls itself Adam, or no state at step 1 with its gradient."""
+    if not isinstance(optimizer, torch.optim.Optimizer) or not calls_itself_adam(optimizer):
+        return None
+    decoupled = "adamw" in type(optimizer).__name__.lower()
+    reads = []  # per tensor, read back at once
+    for group in optimizer.param_groups:
+        beta1, beta2 = group.get("betas", (None, None))
+        if beta1 is None or (group.get("weight_decay", 0) and not decoupled):
+            continue
+        for param in group["params"]:
+            state, grad = optimizer.state.get(param, {}), param.grad
+            first, second = state.get("exp_avg"), state.get("exp_avg_sq")
+            if grad is None or first is None or second is None or float(state.get("step", 0)) != 1:
+                continue
+            grad = grad.detach().double()
+            read = torch.stack(
+                [
+                    first.detach().double().abs().sum(),
+                    (1 - beta1) * grad.abs().sum(),
+                    second.detach().double().sum(),
+                    (1 - beta2) * grad.pow(2).sum(),
+                ]
+            )
+            reads.append(read)
+    if not reads:
+        return None
+    sums = torch.stack([read.to(reads[0].device) for read in reads]).sum(0).cpu()
+    if sums[1] <= 0 or sums[3] <= 0:
+        return None
+    return float(sums[0] / sums[1]), float(sums[2] / sums[3])

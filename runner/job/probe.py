@@ -52,7 +52,7 @@ from hyprun.diag.features import LR_MAX, SCAN_BATCH_LOSS, SCAN_TAG, VOCAB_TAG
 from hyprun.diag.live_checks import LiveFacts, l0_tags, live_checks
 from hyprun.diag.spikes import SpikeDetector
 from hyprun.runner.job import model_checks, stop
-from hyprun.runner.job.adam_step import steps_beyond_bound
+from hyprun.runner.job.adam_step import first_moments, steps_beyond_bound
 from hyprun.runner.job.averages import AverageReader
 from hyprun.runner.job.dropout_calls import dropout_calls
 from hyprun.runner.job.invariant_hooks import (
@@ -689,6 +689,7 @@ class Probe:
             return
         read_optimizer(self.facts, self.optimizer, self.named)
         read_model(self.facts, self.model)
+        self.facts.adam_moments = first_moments(unwrapped(self.optimizer))
         self.facts.shared_blocks = shared_blocks(self.blocks_path, self.blocks)
         self.facts.freeze_ignored = freeze_ignored(self.model)
         self.facts.untied_heads = untied_heads(self.model)
