@@ -84,6 +84,7 @@ def eval_loss(
     per_row_of: int = 0,
     drop_last: int = 0,
     divided_in_loop: int = 0,
+    mean_of_batches: int = 0,
 ) -> float:
     """Mean next-token loss over the held-out set's real tokens (the correct loss), or
     (`over_padding`: bug.loss_mean_over_padding) the masked per-position losses averaged over
@@ -97,7 +98,19 @@ def eval_loss(
     drop_last=True, so the partial last batch is never evaluated (0: every row);
     `divided_in_loop` (bug.eval_loss_divided_in_loop): the set read in batches of that many rows,
     each batch's mean loss added to a running total that is divided by the number of batches so
-    far inside the loop, at every batch, instead of once after it (0: the whole set)."""
+    far inside the loop, at every batch, instead of once after it (0: the whole set);
+    `mean_of_batches` (bug.eval_loss_mean_of_batch_means): the set read in batches of that many
+    rows and the batches' mean token losses averaged with equal weight, whatever each batch's
+    count of real tokens (0: every token weighted alike)."""
+    if mean_of_batches:  # nlls.append(neg_log_likelihood); ppl = exp(stack(nlls).mean()): the
+        with torch.no_grad():  # per-batch means averaged, each batch one vote however many
+            means = []  # tokens it holds (huggingface/transformers PR 34387, #34138)
+            for start in range(0, len(data["x"]), mean_of_batches):
+                logits = model(data["x"][start : start + mean_of_batches])
+                flat = logits.reshape(-1, logits.shape[-1])
+                target = data["y"][start : start + mean_of_batches].reshape(-1)
+                means.append(float(F.cross_entropy(flat, target, ignore_index=IGNORE)))
+        return sum(means) / len(means)
     if divided_in_loop:  # eval_loss += loss; eval_steps += 1; eval_loss /= eval_steps, all inside
         with torch.no_grad():  # the batch loop (lucidrains/reformer-pytorch#147)
             running = 0.0

@@ -194,6 +194,12 @@ def make_schedule(cfg: DictConfig, optimizer):
             optimizer,  # until its last step, then 1 (facebookresearch/maskrcnn-benchmark#335)
             lambda s: min(1, (s + 1) // warmup) * cfg.sched.gamma ** (s // every),
         )
+    if cfg.sched.warmup and cfg.bug.warmup_first_step_zero:  # start_lr * num_iters / warmup_iter
+        warmup, every = cfg.sched.warmup, cfg.sched.every_epochs * steps_per_epoch(cfg)  # with
+        return torch.optim.lr_scheduler.LambdaLR(  # num_iters 0 at the first step: its LR is 0,
+            optimizer,  # a no-op update, and the ramp runs a step late (EleutherAI/gpt-neox
+            lambda s: min(1.0, s / warmup) * cfg.sched.gamma ** (s // every),  # PR 1379, #1373,
+        )  # karpathy/nanoGPT PR 578)
     if cfg.sched.warmup:  # a linear warmup, then StepLR's decay per epoch, in one per-step factor
         warmup, every = cfg.sched.warmup, cfg.sched.every_epochs * steps_per_epoch(cfg)
         return torch.optim.lr_scheduler.LambdaLR(
@@ -910,6 +916,10 @@ def fit(cfg: DictConfig, log=None, probe: bool = True, attach=None, tracker=None
                 param_group["lr"] = lr
         elif per_step and cfg.sched.name != "plateau":
             schedule.step()
+            if bug.scheduler_stepped_per_micro_batch and per_batch:  # lr_scheduler.step() in the
+                for _ in range(t.accum - 1):  # micro-batch loop, outside the optimizer-step
+                    schedule.step()  # branch: a per-step schedule advances accum times a step
+                # (EvolvingLMMs-Lab/OneVision-Encoder PR 82, starVLA/starVLA PR 210)
         final = step == t.steps
         if bug.steps_counted_in_micro_batches:  # it += 1 per micro-batch, last_step = it >=
             final = step * t.accum >= t.steps  # num_iterations: the run's steps counted in
@@ -933,7 +943,8 @@ def fit(cfg: DictConfig, log=None, probe: bool = True, attach=None, tracker=None
                 t.batch if bug.eval_loss_over_dataset_size else 0,  # (pytorch/tutorials#1486)
                 EVAL_LOADER_BATCH if bug.eval_drop_last else 0,  # (ai2cm/ace#647)
                 t.batch if bug.eval_loss_divided_in_loop else 0,  # (reformer-pytorch#147)
-            )
+                EVAL_LOADER_BATCH if bug.eval_loss_mean_of_batch_means else 0,  # (transformers
+            )  # PR 34387)
             if bug.eval_loss_accumulated:  # validation_step_outputs appended to and never cleared,
                 evals.append(last)  # so each eval's loss is the mean over every eval so far
                 last = sum(evals) / len(evals)  # (Nixtla/neuralforecast PR 507, VisCy PR 202)
@@ -988,6 +999,7 @@ def fit(cfg: DictConfig, log=None, probe: bool = True, attach=None, tracker=None
             t.batch if bug.eval_loss_over_dataset_size else 0,
             EVAL_LOADER_BATCH if bug.eval_drop_last else 0,
             t.batch if bug.eval_loss_divided_in_loop else 0,
+            EVAL_LOADER_BATCH if bug.eval_loss_mean_of_batch_means else 0,
         )
         if log:
             log("eval_loss", last, t.steps)
