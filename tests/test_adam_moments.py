@@ -16,37 +16,10 @@ from torch import nn
 
 from hyprun.diag.live_checks import LiveFacts
 from tests.helpers import finding_ids, probed_checks
+from tests.test_adam_step_bound import MyAdamW
 
 VOCAB, WIDTH, SEQ = 32, 16, 8
 CHECK = "adam_moments_misweighted"
-
-
-class HandAdamW(torch.optim.Optimizer):
-    """AdamW as a loop writes it, with torch's state names; `bug`: 'first' or 'second' drops
-    that moment's (1 - beta) weight."""
-
-    def __init__(self, params, lr: float = 1e-3, bug: str = "") -> None:
-        super().__init__(params, {"lr": lr, "betas": (0.9, 0.999), "eps": 1e-8})
-        self.bug = bug
-
-    @torch.no_grad()
-    def step(self, closure=None) -> None:
-        for group in self.param_groups:
-            beta1, beta2 = group["betas"]
-            for p in group["params"]:
-                state = self.state[p]
-                if not state:
-                    state.update(
-                        step=0, exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p)
-                    )
-                state["step"] += 1
-                t, m, v = state["step"], state["exp_avg"], state["exp_avg_sq"]
-                m.mul_(beta1).add_(p.grad, alpha=1.0 if self.bug == "first" else 1 - beta1)
-                v.mul_(beta2).addcmul_(
-                    p.grad, p.grad, value=1.0 if self.bug == "second" else 1 - beta2
-                )
-                v_hat = v / (1 - beta2**t)
-                p.addcdiv_(m / (1 - beta1**t), v_hat.sqrt().add_(group["eps"]), value=-group["lr"])
 
 
 def batch(seed: int) -> torch.Tensor:
@@ -62,9 +35,9 @@ def loss_of(model: nn.Module, rows: torch.Tensor) -> torch.Tensor:
     [
         (lambda params: torch.optim.AdamW(params, lr=1e-3, weight_decay=0.1), "pass"),
         (lambda params: torch.optim.Adam(params, lr=1e-3), "pass"),
-        (lambda params: HandAdamW(params), "pass"),
-        (lambda params: HandAdamW(params, bug="second"), "fail"),
-        (lambda params: HandAdamW(params, bug="first"), "fail"),
+        (lambda params: MyAdamW(params), "pass"),
+        (lambda params: MyAdamW(params, bug="second"), "fail"),
+        (lambda params: MyAdamW(params, bug="first"), "fail"),
         (lambda params: torch.optim.Adam(params, lr=1e-3, weight_decay=0.1), "skip"),
         (lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.9), "skip"),
     ],
@@ -78,6 +51,6 @@ def test_through_the_probe(uri, optimizer_of, status):
 
 
 def test_the_violation_is_the_finding_of_its_id():
-    facts = LiveFacts(optimizer="HandAdamW", peak_lr=1e-3, first_lr=1e-3, second_lr=1e-3)
+    facts = LiveFacts(optimizer="MyAdamW", peak_lr=1e-3, first_lr=1e-3, second_lr=1e-3)
     facts.adam_moments = (1.0, 1000.0)
     assert finding_ids(facts)[:1] == [CHECK]

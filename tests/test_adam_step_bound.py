@@ -24,8 +24,9 @@ CHECK = "adam_step_beyond_bound"
 
 
 class MyAdamW(torch.optim.Optimizer):
-    """AdamW as a loop writes it by hand; `bug`: 'in_place' (the first moment bias-corrected
-    in its buffer) or 'inverted' (each correction 1 - (1 - beta**t))."""
+    """AdamW as a loop writes it by hand, with torch's state names; `bug`: 'in_place' (the first
+    moment bias-corrected in its buffer), 'inverted' (each correction 1 - (1 - beta**t)), or
+    'first' / 'second' (that moment's update drops its (1 - beta) weight)."""
 
     def __init__(self, params, lr: float = 1e-3, bug: str = "") -> None:
         super().__init__(params, {"lr": lr, "betas": (0.9, 0.999), "eps": 1e-8})
@@ -38,11 +39,15 @@ class MyAdamW(torch.optim.Optimizer):
             for p in group["params"]:
                 state = self.state[p]
                 if not state:
-                    state.update(t=0, m=torch.zeros_like(p), v=torch.zeros_like(p))
-                state["t"] += 1
-                t, m, v = state["t"], state["m"], state["v"]
-                m.mul_(beta1).add_(p.grad, alpha=1 - beta1)
-                v.mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
+                    state.update(
+                        step=0, exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p)
+                    )
+                state["step"] += 1
+                t, m, v = state["step"], state["exp_avg"], state["exp_avg_sq"]
+                m.mul_(beta1).add_(p.grad, alpha=1.0 if self.bug == "first" else 1 - beta1)
+                v.mul_(beta2).addcmul_(
+                    p.grad, p.grad, value=1.0 if self.bug == "second" else 1 - beta2
+                )
                 if self.bug == "in_place":
                     m_hat, v_hat = m.div_(1 - beta1**t), v / (1 - beta2**t)
                 elif self.bug == "inverted":

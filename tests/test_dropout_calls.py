@@ -13,13 +13,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import BertConfig, BertForMaskedLM, GPT2Config, GPT2LMHeadModel
 
 from hyprun.diag.live_checks import LiveFacts
 from hyprun.runner.job.dropout_calls import dropout_calls
 from tests.helpers import finding_ids, probed_check
+from tests.test_stream_dropout import VOCAB, WIDTH, batch, hugging_face_model, loss_of
 
-VOCAB, SEQ, WIDTH = 32, 8, 16
 CHECK = "dropout_not_as_declared"
 
 
@@ -48,17 +47,6 @@ class Net(nn.Module):
         else:
             dx = F.dropout(dx, 0.1, training=self.training)
         return self.head(x + dx)
-
-
-def loss_of(model: nn.Module, batch: torch.Tensor) -> torch.Tensor:
-    if isinstance(model, GPT2LMHeadModel | BertForMaskedLM):
-        return model(input_ids=batch, labels=batch).loss
-    logits = model(batch[:, :-1])
-    return F.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten())
-
-
-def batch(seed: int) -> torch.Tensor:
-    return torch.randint(VOCAB, (4, SEQ + 1), generator=torch.Generator().manual_seed(seed))
 
 
 @pytest.mark.parametrize(
@@ -99,20 +87,8 @@ def test_through_the_probe(uri, bug, status):
 @pytest.mark.parametrize("family", ["gpt2-sdpa", "gpt2-eager", "bert"])
 def test_hugging_face_models_as_shipped_pass(uri, family):
     torch.manual_seed(0)
-    if family.startswith("gpt2"):
-        config = GPT2Config(n_layer=2, n_embd=WIDTH, n_head=2, vocab_size=VOCAB)
-        config._attn_implementation = family.split("-")[1]
-        model = GPT2LMHeadModel(config)
-    else:
-        config = BertConfig(
-            vocab_size=VOCAB,
-            hidden_size=WIDTH,
-            num_hidden_layers=2,
-            num_attention_heads=2,
-            intermediate_size=32,
-        )
-        model = BertForMaskedLM(config)
-    check = probed_check(model, loss_of, batch, CHECK)
+    name, _, attention = family.partition("-")
+    check = probed_check(hugging_face_model(name, attention or None), loss_of, batch, CHECK)
     assert check["status"] == "pass", check
     assert check["value"] == 0
 

@@ -65,6 +65,24 @@ def batch(seed: int) -> torch.Tensor:
     return torch.randint(VOCAB, (4, SEQ + 1), generator=torch.Generator().manual_seed(seed))
 
 
+def hugging_face_model(family: str, attention: str | None = None) -> nn.Module:
+    """A 2-layer GPT-2 (`family` "gpt2"; `attention`: its kernel, default the library's) or BERT
+    for masked LM, as shipped (dropout 0.1 everywhere), at this file's sizes."""
+    if family == "gpt2":
+        config = GPT2Config(n_layer=2, n_embd=WIDTH, n_head=2, vocab_size=VOCAB)
+        if attention is not None:
+            config._attn_implementation = attention
+        return GPT2LMHeadModel(config)
+    config = BertConfig(
+        vocab_size=VOCAB,
+        hidden_size=WIDTH,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=32,
+    )
+    return BertForMaskedLM(config)
+
+
 def check_of(model: nn.Module) -> dict:
     return probed_check(model, loss_of, batch, CHECK)
 
@@ -79,18 +97,7 @@ def test_dropout_on_the_sum_fails_and_on_the_branch_passes(uri, on_stream, statu
 @pytest.mark.parametrize("family", ["gpt2", "bert"])
 def test_hugging_face_models_as_shipped_pass(uri, family):
     torch.manual_seed(0)
-    if family == "gpt2":
-        model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=WIDTH, n_head=2, vocab_size=VOCAB))
-    else:
-        config = BertConfig(
-            vocab_size=VOCAB,
-            hidden_size=WIDTH,
-            num_hidden_layers=2,
-            num_attention_heads=2,
-            intermediate_size=32,
-        )
-        model = BertForMaskedLM(config)
-    assert check_of(model)["status"] == "pass"
+    assert check_of(hugging_face_model(family))["status"] == "pass"
 
 
 def test_the_violation_is_the_finding_of_its_id():

@@ -11,15 +11,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import nn
-from transformers import BertConfig, BertForMaskedLM, GPT2Config, GPT2LMHeadModel
 
 from hyprun.diag.invariants import twin_called_instead
 from hyprun.diag.live_checks import LiveFacts
 from tests.helpers import finding_ids, probed_check
+from tests.test_stream_dropout import VOCAB, WIDTH, batch, hugging_face_model, loss_of
 
-VOCAB, SEQ, WIDTH = 32, 8, 16
 CHECK = "module_called_for_its_twin"
 
 
@@ -62,17 +60,6 @@ class Stack(nn.Module):
         return self.head(x)
 
 
-def loss_of(model: nn.Module, batch: torch.Tensor) -> torch.Tensor:
-    if isinstance(model, GPT2LMHeadModel | BertForMaskedLM):
-        return model(input_ids=batch, labels=batch).loss
-    logits = model(batch[:, :-1])
-    return F.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten())
-
-
-def batch(seed: int) -> torch.Tensor:
-    return torch.randint(VOCAB, (4, SEQ + 1), generator=torch.Generator().manual_seed(seed))
-
-
 @pytest.mark.parametrize(
     ("model", "status", "unused"),
     [
@@ -93,18 +80,7 @@ def test_through_the_probe(uri, model, status, unused):
 @pytest.mark.parametrize("family", ["gpt2", "bert"])
 def test_hugging_face_models_as_shipped_pass(uri, family):
     torch.manual_seed(0)
-    if family == "gpt2":
-        model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=WIDTH, n_head=2, vocab_size=VOCAB))
-    else:
-        config = BertConfig(
-            vocab_size=VOCAB,
-            hidden_size=WIDTH,
-            num_hidden_layers=2,
-            num_attention_heads=2,
-            intermediate_size=32,
-        )
-        model = BertForMaskedLM(config)
-    assert probed_check(model, loss_of, batch, CHECK)["status"] == "pass"
+    assert probed_check(hugging_face_model(family), loss_of, batch, CHECK)["status"] == "pass"
 
 
 def test_a_twin_left_unused_alone_is_not_this():

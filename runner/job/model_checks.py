@@ -280,12 +280,7 @@ def structure(
         for module in model.modules()
         if _linear_widths(module) is not None
     ]
-    try:
-        with _evaluating(model):
-            loss()
-    finally:
-        for handle in handles:
-            handle.remove()
+    _hooked_eval_forward(model, loss, handles)
     return pairs, chains
 
 
@@ -302,12 +297,7 @@ def sibling_calls(
         calls[id(module)] = calls.get(id(module), 0) + 1
 
     handles = [module.register_forward_pre_hook(count) for module in model.modules()]
-    try:
-        with _evaluating(model):
-            loss()
-    finally:
-        for handle in handles:
-            handle.remove()
+    _hooked_eval_forward(model, loss, handles)
     found = []
     for parent_name, parent in model.named_modules():
         for twins in _twin_children(parent).values():
@@ -337,14 +327,12 @@ def detached_reads(model: nn.Module, loss: Callable[[], Any]) -> list[str]:
     cut from the graph (`param.data`, `param.detach()`): an operand that shares a parameter's
     storage and does not require a gradient. A view taken the usual way (`weight[:T]`) still
     requires one, so only a cut read counts."""
-    storages: dict[int, str] = {}
-    shared: set[int] = set()  # one storage under several parameters (a flat buffer): ambiguous
+    by_storage: dict[int, list[str]] = {}
     for name, param in model.named_parameters():
         if param.requires_grad and param.numel():
-            pointer = param.untyped_storage().data_ptr()
-            (shared.add if pointer in storages else lambda _: None)(pointer)
-            storages[pointer] = name
-    storages = {pointer: name for pointer, name in storages.items() if pointer not in shared}
+            by_storage.setdefault(param.untyped_storage().data_ptr(), []).append(name)
+    # one storage under several parameters (a flat buffer) is ambiguous: not read
+    storages = {pointer: names[0] for pointer, names in by_storage.items() if len(names) == 1}
     found: list[str] = []
     with _evaluating(model), torch.enable_grad(), _CutReads(storages, found):
         loss()
@@ -512,6 +500,16 @@ def _collapses(first: tuple[int, int], second: tuple[int, int]) -> bool:
     """Two linear maps in a row with no bottleneck between them: the pair is one linear map
     (W2 W1) with more parameters, so the layer between them adds no function."""
     return first[1] == second[0] and first[1] >= min(first[0], second[1])
+
+
+def _hooked_eval_forward(model: nn.Module, loss: Callable[[], Any], handles: list) -> None:
+    """One eval-mode forward of `loss()` read by the hooks in `handles`, removed after it."""
+    try:
+        with _evaluating(model):
+            loss()
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 class _evaluating:
