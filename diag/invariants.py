@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 
 STALE_GRAD_TOL = 0.0
 """A gradient at the start of a step (before its first backward) must be exactly zero or
@@ -70,6 +71,13 @@ STEPS_TAKEN = 0.9
 """Share of its declared optimizer steps a run that ends (not diverged, not stopped by hyprun)
 must have taken: a loop counts its steps exactly, so anything short is a loop that stopped
 early; 0.9 leaves room for a last partial epoch dropped or a budget rounded."""
+SCHEDULER_PERIOD_SPREAD = 2.0
+"""Times its shortest interval an LR scheduler's longest interval between steps (counted in
+optimizer steps) may be: stepped from one place it keeps one period (an epoch's steps, an eval
+interval), up to a last window's rounding; stepped from a second place too, the two periods
+interleave and some interval falls below half the longest (or to 0: two steps at once)."""
+SCHEDULER_PERIOD_READS = 3
+"""Scheduler steps needed before their intervals are judged: two intervals to compare."""
 SCHEDULER_LEAD = 1.5
 """Times its optimizer's steps an LR scheduler may take: one per step at most, so 1.5 leaves
 room for steps an fp16 loss scaler skipped; stepped per micro-batch it takes the accumulation
@@ -1403,6 +1411,35 @@ def scheduler_outpaces_optimizer(lead: tuple[int, int]) -> list[Violation]:
             f"its LR scheduler stepped {scheduled} times ({scheduled / max(stepped, 1):.2g}x)",
         )
     ]
+
+
+def scheduler_period_broken(advances: dict[str, list[int]]) -> list[Violation]:
+    """An LR scheduler stepped every few optimizer steps (an epoch, an eval interval) whose
+    intervals between steps differ by SCHEDULER_PERIOD_SPREAD times or more: it is stepped from
+    a second place as well, e.g. an epoch routine ending in scheduler.step() that also runs for
+    the evaluation pass (NVlabs/PALAVRA#4), so it steps at two periods and its decay comes
+    early. A scheduler stepped with every optimizer step is scheduler_outpaces_optimizer's (an
+    fp16 step skipped leaves it an interval of 0 or 2); ReduceLROnPlateau stepped at each eval
+    keeps one period. `advances`: per scheduler, the optimizer step at which each of its steps
+    was seen (a step repeated: two steps at once). Hook: each scheduler's last_epoch, read after
+    each optimizer step."""
+    found = []
+    for name, steps in advances.items():
+        intervals = [later - earlier for earlier, later in pairwise(steps)]
+        if len(steps) < SCHEDULER_PERIOD_READS or sorted(intervals)[len(intervals) // 2] < 2:
+            continue
+        shortest, longest = min(intervals), max(intervals)
+        if longest < SCHEDULER_PERIOD_SPREAD * shortest:
+            continue
+        shown = ", ".join(str(step) for step in steps[:8]) + (", ..." if len(steps) > 8 else "")
+        found.append(
+            Violation(
+                "scheduler_keeps_one_period",
+                f"{name}, stepped at optimizer steps {shown}",
+                f"intervals of {shortest} to {longest} optimizer steps between its steps",
+            )
+        )
+    return found
 
 
 def ended_early(taken: tuple[int, int]) -> list[Violation]:

@@ -269,6 +269,9 @@ class LiveFacts:
     scheduler_lead: tuple[int, int] | None = None
     """(the most steps one of the optimizer's LR schedulers took since the first backward, the
     optimizer's steps since) (invariants.scheduler_outpaces_optimizer); None: no scheduler."""
+    scheduler_advances: dict[str, list[int]] | None = None
+    """Per LR scheduler on the optimizer, the optimizer step at which each of its steps was seen,
+    the first SCHEDULER_ADVANCES (invariants.scheduler_period_broken); None: no scheduler."""
     early_scheduler_steps: dict[str, int] | None = None
     """LR schedulers on the optimizer stepped before its first step, with those steps
     (invariants.scheduler_stepped_first); None: no scheduler found, or a resumed optimizer."""
@@ -584,6 +587,11 @@ def invariant_checks(facts: LiveFacts, rules: dict) -> list[Check]:
             rules["scheduler_outpaces_optimizer"],
             facts.scheduler_lead,
             invariants.scheduler_outpaces_optimizer,
+        ),
+        _judged(
+            rules["scheduler_stepped_off_period"],
+            facts.scheduler_advances,
+            invariants.scheduler_period_broken,
         ),
         _judged(
             rules["optimizer_step_missing"], facts.unstepped_backwards, invariants.never_stepped

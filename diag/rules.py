@@ -314,6 +314,7 @@ class Checks(Strict):
     adam_moments_misweighted: Invariant
     padding_attended: Invariant
     scheduler_outpaces_optimizer: Invariant
+    scheduler_stepped_off_period: Invariant
     run_ended_early: Invariant
     attention_rows_unnormalised: Invariant
     scheduler_stepped_before_optimizer: Invariant

@@ -1163,6 +1163,7 @@ NO_CARD_ROWS = {"noisy_labels", "noisy_labels_flat"} | {  # broken invariants: a
     "tied_head_untied",
     "scheduler_stepped_before_optimizer",
     "scheduler_outpaces_optimizer",
+    "scheduler_stepped_off_period",
     "run_ended_early",
     "adam_eps_dominates",
     "adam_step_beyond_bound",

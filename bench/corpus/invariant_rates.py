@@ -62,6 +62,7 @@ PROBE_CHECKS = (
     "tied_head_untied",
     "scheduler_stepped_before_optimizer",
     "scheduler_outpaces_optimizer",
+    "scheduler_stepped_off_period",
     "run_ended_early",
     "adam_eps_dominates",
     "adam_step_beyond_bound",

@@ -9,6 +9,7 @@ is already there (zero_grad(set_to_none=True), torch's default, leaves None: not
 from __future__ import annotations
 
 import math
+import weakref
 from collections import Counter
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -34,6 +35,9 @@ LOSS_READ_STEPS = 3
 """Optimizer steps whose first training forward and loss are read for cross-entropy's input
 (a bug of the code is there from the first step; every op of those forwards passes through
 Python once)."""
+SCHEDULER_ADVANCES = 64
+"""Steps of each LR scheduler placed among the optimizer's steps (enough to see its period;
+a per-step scheduler would otherwise grow the list with the run)."""
 WEIGHT_SAMPLE = 8
 """Elements read per weight tensor, spread evenly over it, to see a tensor rewritten between an
 optimizer step and the next forward: a copy of other weights (an average, a checkpoint, a fresh
@@ -261,6 +265,11 @@ class InvariantHooks:
         .grad None or all zero, later backwards) (invariants.accumulation_discarded)."""
         self.lrs: list[float] = []
         """The LR (group 0) after each optimizer step."""
+        self.schedulers: dict[str, tuple[weakref.ref, int]] = {}
+        """By name, the LR schedulers on the optimizer with their last_epoch when last read."""
+        self.scheduler_advances: dict[str, list[int]] = {}
+        """By scheduler, the optimizer step after which each of its steps was seen (the first
+        SCHEDULER_ADVANCES)."""
         self.loss_inputs: list[tuple[float, float, float]] = []
         """What cross-entropy was given in the first LOSS_READ_STEPS steps (LossInputs)."""
         self.nll_inputs: list[float] = []
@@ -278,8 +287,11 @@ class InvariantHooks:
         self.state_resets: list[int] = []
         """Optimizer steps at which the optimizer's own step count went back (its state reset)."""
         self.row_influence: float | None = None
+        """The rows' output move when only their places in the batch change (model_checks)."""
         self.index_influence: float | None = None
+        """The last row's output move when only the other rows change (model_checks)."""
         self.stream_zeros: dict[str, float] | None = None
+        """By later norm layer: the train-mode share of exact zeros it reads over eval's."""
         self.detached_reads: list[str] = []
         """Parameters a forward read through a tensor cut from the graph (model_checks)."""
         self.loss_logit_scale: float | None = None
@@ -290,9 +302,6 @@ class InvariantHooks:
         """One training forward's dropout calls (runner/job/dropout_calls.py)."""
         self.padding_influence: float | None = None
         """The real positions' output move when only padded embeddings change (model_checks)."""
-        """By later norm layer: the train-mode share of exact zeros it reads over eval's."""
-        """The rows' output move when only their places in the batch change (model_checks)."""
-        """The last row's output move when only the other rows change (model_checks)."""
         self.heldout_labels: tuple | None = None
         """The held-out batch's targets against its inputs (model_checks.heldout_label_offsets)."""
         self.train_eval_scale: float | None = None
@@ -300,19 +309,19 @@ class InvariantHooks:
         self.attention: AttentionReads | None = None
         """How the model's attention scales q.k and normalises its weights (attention_reads)."""
         self.heldout_rows: set[int] | None = None
+        """A hash of each row of the held-out batch's ids, once the probe has read it."""
         self.epoch_rows: list[tuple[int, int]] = []
         """(step, row hash) of each training row read in the first ROW_READ_STEPS steps."""
-        """A hash of each row of the held-out batch's ids, once the probe has read it."""
         self.heldout_ids: torch.Tensor | None = None
         """The held-out batch's ids (on the CPU), once the probe has read it."""
         self.train_id_max: int | None = None
         """The largest input id of the checked steps' training forwards."""
         self.heldout_seen: set[int] = set()
+        """Held-out rows met among the training rows of the checked steps."""
         self.masked_real: Counter = Counter()
         """By id, the real tokens of the first steps whose target the loss masked out."""
         self.target_ids: set[int] = set()
         """The ids the first steps' losses counted as targets."""
-        """Held-out rows met among the training rows of the checked steps."""
         self.state_reads = 0
         """Optimizer steps whose step count or momentum buffer was read."""
         self._momentum: torch.Tensor | None = None
@@ -642,7 +651,29 @@ class InvariantHooks:
         if groups:
             self.lrs.append(float(groups[0]["lr"]))
             self._read_state_step(optimizer, groups[0]["params"][:1])
+        self._read_schedulers()
         self._step += 1
+
+    def watch_schedulers(self, schedulers: list) -> None:
+        """Place the steps of these LR schedulers among the optimizer's from now on."""
+        for scheduler in schedulers:
+            name, copies = type(scheduler).__name__, 1
+            while name in self.schedulers:
+                copies += 1
+                name = f"{type(scheduler).__name__} #{copies}"
+            self.schedulers[name] = (weakref.ref(scheduler), scheduler.last_epoch)
+            self.scheduler_advances[name] = []
+
+    def _read_schedulers(self) -> None:
+        """Each scheduler's steps since the last optimizer step, placed at this one (two at
+        once: the step repeated)."""
+        for name, (ref, last) in self.schedulers.items():
+            scheduler, advances = ref(), self.scheduler_advances[name]
+            if scheduler is None or len(advances) >= SCHEDULER_ADVANCES:
+                continue
+            now = int(scheduler.last_epoch)
+            advances.extend([self._step] * min(max(now - last, 0), SCHEDULER_ADVANCES))
+            self.schedulers[name] = (ref, now)
 
     def _read_state_step(self, optimizer, first: list) -> None:
         """The step count an optimizer keeps per parameter (Adam's, for its bias correction),

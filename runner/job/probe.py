@@ -675,6 +675,7 @@ class Probe:
         self.facts.early_scheduler_steps = schedulers_stepped_early(self.optimizer, schedulers)
         # each scheduler with its count now, to hold its later steps against the optimizer's
         self._schedulers = [(weakref.ref(s), getattr(s, "_step_count", 1)) for s in schedulers]
+        self.invariants.watch_schedulers(schedulers)
         self._steps_at_schedulers = self.steps
 
     def _first_steps(self) -> None:
@@ -1271,6 +1272,8 @@ def read_invariants(
     facts.train_at_eval = sorted(hooks.train_at_eval)
     facts.trainable_elements, facts.total_elements = hooks.trainable_elements, hooks.total_elements
     facts.lrs, facts.total_steps = list(hooks.lrs), total_steps
+    advances = hooks.scheduler_advances
+    facts.scheduler_advances = {name: list(steps) for name, steps in advances.items()} or None
     facts.stream, facts.epoch_steps = list(hooks.stream), epoch_steps
     facts.epoch_rows = list(hooks.epoch_rows)
     facts.loss_inputs = list(hooks.loss_inputs)
