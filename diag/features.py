@@ -514,11 +514,12 @@ def _lr_as_declared(ev: Evidence, out: Features) -> None:
 
 
 def _settings_as_declared(ev: Evidence, out: Features) -> None:
-    """The weight decay and warmup the config declares (in the app's key, through its knobs),
-    beside what the optimizer applied as the L0 checks read it live: a declared setting that
-    never reached the optimizer is a card that cannot act. Only where the probe read the
-    optimizer (`hyprun.source` probe): our job's L0 checks read its config, the very values
-    declared (its warmup check warns of a warmup too short for one step, not of one missing)."""
+    """The weight decay, warmup and dropout the config declares (in the app's key, through its
+    knobs), beside what the optimizer and model applied as the L0 checks read them live: a
+    declared setting that never reached the optimizer or the layers is a card that cannot act.
+    Only where the probe read the run (`hyprun.source` probe): our job's L0 checks read its
+    config, the very values declared (its warmup check warns of a warmup too short for one
+    step, not of one missing)."""
     if ev.tags.get("hyprun.source") != "probe":
         return
     checks = {check.get("id"): check for check in ev.static}
@@ -534,6 +535,15 @@ def _settings_as_declared(ev: Evidence, out: Features) -> None:
     warmup = _num(declared(ev, "sched.warmup_frac"))
     if warmup is not None:
         out["warmup_declared"] = Feature(warmup, f"the config declares a warmup of {warmup:g}")
+    wanted = _num(declared(ev, "model.dropout"))
+    applied = _num(checks.get("dropout_rate", {}).get("value"))
+    if wanted and wanted > 0 and applied is not None:
+        ratio = applied / wanted
+        out["dropout_over_declared"] = Feature(
+            ratio,
+            f"the model's dropout modules drop up to {applied:.3g}, {ratio:.3g}x the declared "
+            f"{wanted:.3g}",
+        )
 
 
 def _lr_sign(ev: Evidence, out: Features) -> None:
@@ -757,6 +767,9 @@ NEEDS = {
         "wd_applied_over_declared"
     ),
     "the declared warmup (sched.warmup_frac or the app's knob)": "warmup_declared",
+    "the L0 dropout_rate check and the declared rate (the app's model.dropout knob)": (
+        "dropout_over_declared"
+    ),
     "train/lr (or train/lr_max) and the declared LR (config optim.lr or the app's knob for it)": (
         "lr_over_declared lr_rose"
     ),

@@ -5,9 +5,14 @@ A dropout whose result is never assigned (evintunador/templateGPT#1) leaves its 
 undropped; the same dropout written twice (TimDettmers/ConvE#19) drops at 1 - (1 - p)^2. Both
 are read from one training forward's calls and the loss's gradient graph. Through the probe of
 a plain loop each way, and on Hugging Face's GPT-2 (both attention kernels) and BERT as
-shipped, whose every dropout call feeds the loss once."""
+shipped, whose every dropout call feeds the loss once. And a rate never passed on
+(huawei-noah/multi_hyp_cc PR 17: nn.Dropout() at torch's 0.5), held against the rate the app
+declares through its model.dropout knob (diag/features.py dropout_over_declared)."""
 
 from __future__ import annotations
+
+import dataclasses
+import json
 
 import pytest
 import torch
@@ -15,7 +20,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from hyprun.diag.live_checks import LiveFacts
+from hyprun.diag.triage import triage
+from hyprun.runner.control.diagnose import read_evidence
 from hyprun.runner.job.dropout_calls import dropout_calls
+from hyprun.runner.job.probe import Probe
 from tests.helpers import finding_ids, probed_check
 from tests.test_stream_dropout import VOCAB, WIDTH, batch, hugging_face_model, loss_of
 
@@ -103,3 +111,41 @@ def test_the_violation_is_the_finding_of_its_id():
     facts = LiveFacts(optimizer="AdamW", peak_lr=1e-3, first_lr=1e-4, second_lr=2e-4)
     facts.dropout_calls = (4, ["blocks.0"], [])
     assert finding_ids(facts) == [CHECK]
+
+
+def declared_findings(uri: str, built: nn.Dropout, knobs: dict) -> list[str]:
+    """Findings of a probed loop over Net whose embedding dropout is `built`, its app declaring
+    a rate of 0.1 in its own key through `knobs`."""
+    torch.manual_seed(0)
+    model = Net()
+    model.drop = built
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    probe = Probe(model, optimizer, step_unit="steps", every_steps=2, heldout=batch(99))
+    probe.loss_fn = loss_of
+    for seed in range(4):
+        loss = loss_of(model, batch(seed))
+        loss.backward()
+        probe.after_backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+    probe.close()
+    evidence, _ = read_evidence(uri, probe.run_id)
+    tags = {**evidence.tags, "hyprun.knobs": json.dumps(knobs)}
+    config = {"net": {"dropout": 0.1}}
+    return [f.id for f in triage(dataclasses.replace(evidence, config=config, tags=tags)).findings]
+
+
+KNOB = {"model.dropout": {"key": "net.dropout"}}
+
+
+@pytest.mark.parametrize(
+    ("built", "knobs", "fires"),
+    [
+        (nn.Dropout(), KNOB, True),  # the configured rate never passed: torch's 0.5
+        (nn.Dropout(0.1), KNOB, False),
+        (nn.Dropout(), {}, False),  # no rate declared: nothing to hold it against
+    ],
+)
+def test_a_rate_other_than_the_declared_one_is_a_finding(uri, built, knobs, fires):
+    found = declared_findings(uri, built, knobs)
+    assert (CHECK in found) == fires, found

@@ -39,8 +39,14 @@ def run_cli(*args: str) -> int:
     return exit_.value.code
 
 
-def test_the_vocabulary_is_the_cards_keys():
-    assert set(load_knobs().vocabulary) == {card.variable for card in CARDS.values()}
+def test_the_vocabulary_is_the_cards_keys_and_the_declared_settings_diagnosis_reads():
+    """Every card's variable is a knob; a knob no card changes is a setting whose declared
+    value a finding holds against what the run applied (diag/features.py `declared`)."""
+    vocabulary, variables = set(load_knobs().vocabulary), {c.variable for c in CARDS.values()}
+    assert variables <= vocabulary
+    features = (ROOT / "diag" / "features.py").read_text()
+    for name in vocabulary - variables:
+        assert f'declared(ev, "{name}")' in features, name
 
 
 def test_each_presets_defaults_are_the_librarys_own():
