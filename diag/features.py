@@ -523,27 +523,28 @@ def _settings_as_declared(ev: Evidence, out: Features) -> None:
     if ev.tags.get("hyprun.source") != "probe":
         return
     checks = {check.get("id"): check for check in ev.static}
-    wanted = _num(declared(ev, "optim.weight_decay"))
-    applied = _num(checks.get("weight_decay", {}).get("value"))
-    if wanted and wanted > 0 and applied is not None:
-        ratio = applied / wanted
-        out["wd_applied_over_declared"] = Feature(
-            ratio,
-            f"the optimizer applies weight decay {applied:.3g} (its highest group's), "
-            f"{ratio:.3g}x the declared {wanted:.3g}",
-        )
+    applied_over = {  # feature: (the knob, the L0 check that read what was applied, in words)
+        "wd_applied_over_declared": (
+            "optim.weight_decay",
+            "weight_decay",
+            "the optimizer applies weight decay {applied:.3g} (its highest group's)",
+        ),
+        "dropout_over_declared": (
+            "model.dropout",
+            "dropout_rate",
+            "the model's dropout modules drop up to {applied:.3g}",
+        ),
+    }
+    for feature, (knob, check, text) in applied_over.items():
+        wanted = _num(declared(ev, knob))
+        applied = _num(checks.get(check, {}).get("value"))
+        if wanted and wanted > 0 and applied is not None:
+            ratio = applied / wanted
+            shown = f"{text.format(applied=applied)}, {ratio:.3g}x the declared {wanted:.3g}"
+            out[feature] = Feature(ratio, shown)
     warmup = _num(declared(ev, "sched.warmup_frac"))
     if warmup is not None:
         out["warmup_declared"] = Feature(warmup, f"the config declares a warmup of {warmup:g}")
-    wanted = _num(declared(ev, "model.dropout"))
-    applied = _num(checks.get("dropout_rate", {}).get("value"))
-    if wanted and wanted > 0 and applied is not None:
-        ratio = applied / wanted
-        out["dropout_over_declared"] = Feature(
-            ratio,
-            f"the model's dropout modules drop up to {applied:.3g}, {ratio:.3g}x the declared "
-            f"{wanted:.3g}",
-        )
 
 
 def _lr_sign(ev: Evidence, out: Features) -> None:
