@@ -29,6 +29,9 @@ def token_loss(
     target = y
     if bug.eos_masked_as_padding:  # labels[labels == pad_token_id] = -100, with pad = eos:
         target = torch.where(y == EOS, torch.full_like(y, IGNORE), y)  # (torchtune#949)
+    if bug.loss_mask_first_label_dropped:  # the loss mask one position off: each row's first
+        target = target.clone()  # label is left out of the loss (NVIDIA-NeMo/Speech PR 6409)
+        target[:, 0] = IGNORE
     if bug.padding_in_loss:  # labels = input ids: padding is a target like any token
         target = torch.where(y == IGNORE, torch.full_like(y, PAD), y)
     if bug.labels_not_shifted:  # the current token as its own target
@@ -85,6 +88,7 @@ def eval_loss(
     drop_last: int = 0,
     divided_in_loop: int = 0,
     mean_of_batches: int = 0,
+    mask_from_inputs: bool = False,
 ) -> float:
     """Mean next-token loss over the held-out set's real tokens (the correct loss), or
     (`over_padding`: bug.loss_mean_over_padding) the masked per-position losses averaged over
@@ -101,7 +105,14 @@ def eval_loss(
     far inside the loop, at every batch, instead of once after it (0: the whole set);
     `mean_of_batches` (bug.eval_loss_mean_of_batch_means): the set read in batches of that many
     rows and the batches' mean token losses averaged with equal weight, whatever each batch's
-    count of real tokens (0: every token weighted alike)."""
+    count of real tokens (0: every token weighted alike); `mask_from_inputs`
+    (bug.eval_loss_mask_from_inputs): the loss mask taken from the inputs' padding mask, not
+    the shifted labels', so each row shorter than the maximum also counts the loss of
+    predicting the first padding token after its last real one."""
+    if mask_from_inputs:  # loss over attention_mask[:, :-1] with right padding: the last real
+        target = torch.where(data["x"] != PAD, data["y"], IGNORE)  # input's label, a pad, is
+        target = torch.where((target == IGNORE) & (data["x"] != PAD), PAD, target)  # counted
+        data = {**data, "y": target}  # (SkyworkAI/Skywork#55)
     if mean_of_batches:  # nlls.append(neg_log_likelihood); ppl = exp(stack(nlls).mean()): the
         with torch.no_grad():  # per-batch means averaged, each batch one vote however many
             means = []  # tokens it holds (huggingface/transformers PR 34387, #34138)

@@ -140,6 +140,12 @@ class TinyLM(nn.Module):
     """On (bug.attention_scaled_by_num_heads): the attention scores are scaled by
     num_heads ** -0.5 instead of head_dim ** -0.5, so q.k is divided by sqrt(2), not sqrt(32)."""
 
+    tok_emb_scaled_twice = False
+    """On (bug.tok_emb_scaled_twice): the token embeddings are multiplied by sqrt(d_model) once
+    more than the model's design has them (a normalizer copied by hand over an embedding that
+    applies its own), so they reach the stream sqrt(d_model) = 8 times larger than the position
+    embeddings added to them."""
+
     out_proj_discarded = False
     """On (bug.attention_out_proj_discarded): the attention computes its output projection and
     returns the merged heads instead (`return output` for `return linear_proj`), so the
@@ -171,6 +177,9 @@ class TinyLM(nn.Module):
         t = x.shape[1]
         if self.pos_emb_detached:  # X + self.pos_embedding.data[:, :X.shape[1], :]: detached,
             h = self.tok_emb(x) + self.pos_emb.weight.data[:t]  # so it never trains (d2l PR 2121)
+        elif self.tok_emb_scaled_twice:  # lang_emb * math.sqrt(lang_emb_dim) over an embedding
+            tokens = self.tok_emb(x) * self.tok_emb.embedding_dim**0.5  # that already scales
+            h = tokens + self.pos_emb(torch.arange(t, device=x.device))  # (OpenTau PR 179)
         else:
             h = self.tok_emb(x) + self.pos_emb(torch.arange(t, device=x.device))
         if self.emb_dropout and self.dropout_scaled_by_p:  # kept / p, not / (1 - p)

@@ -95,6 +95,7 @@ def build(cfg: DictConfig) -> tuple:
     model.residual_dropout_discarded = bug.residual_dropout_not_assigned  # (templateGPT#1)
     model.emb_dropout_twice = bug.emb_dropout_applied_twice  # (TimDettmers/ConvE#19)
     model.pos_emb_detached = bug.pos_emb_read_through_data  # (d2l-ai/d2l-en PR 2121)
+    model.tok_emb_scaled_twice = bug.tok_emb_scaled_twice  # (TensorAuto/OpenTau PR 179)
     model.ffn_norm_shared = bug.ffn_norm_shared  # (allenai/OLMo#222, lucidrains/mmdit#4)
     model.attention_scaled_by_num_heads = bug.attention_scaled_by_num_heads  # (tt-metal PR 56789)
     model.out_proj_discarded = bug.attention_out_proj_discarded  # (ethen8181/machine-learning#13)
@@ -561,9 +562,16 @@ class ExponentialMovingAverage:
         for parameter in self.model.parameters():
             parameter.requires_grad_(False)
 
+    names_mismatch = False
+    """On (bug.ema_names_mismatch): the shadow is keyed by the model's parameter names and
+    updated from a wrapper whose names carry a prefix (torch.compile's `_orig_mod.`), so no name
+    matches, every parameter is skipped and the shadow keeps the initial weights."""
+
     @torch.no_grad()
     def update(self, model: torch.nn.Module) -> None:
         self.updates += 1
+        if self.names_mismatch:  # if name in self.shadow: ... for the compiled model's names:
+            return  # none is, so nothing is updated (wandb/senpai PR 2899)
         rate = 1 - self.decay  # the share of the trained weights
         if self.warmup:  # diffusers' EMAModel: decay min(decay, (1 + t) / (10 + t)) at update t
             value = (1 + self.updates) / (10 + self.updates)
@@ -794,6 +802,7 @@ def fit(cfg: DictConfig, log=None, probe: bool = True, attach=None, tracker=None
             t.ema_warmup,
             bug.ema_decay_overwritten,
         )
+        ema.names_mismatch = bug.ema_names_mismatch  # (wandb/senpai PR 2899)
     model.train()
     last = float("nan")
     best_loss, best_state = float("nan"), None
@@ -944,6 +953,7 @@ def fit(cfg: DictConfig, log=None, probe: bool = True, attach=None, tracker=None
                 EVAL_LOADER_BATCH if bug.eval_drop_last else 0,  # (ai2cm/ace#647)
                 t.batch if bug.eval_loss_divided_in_loop else 0,  # (reformer-pytorch#147)
                 EVAL_LOADER_BATCH if bug.eval_loss_mean_of_batch_means else 0,  # (transformers
+                bug.eval_loss_mask_from_inputs,  # attention_mask[:, :-1] (Skywork#55)
             )  # PR 34387)
             if bug.eval_loss_accumulated:  # validation_step_outputs appended to and never cleared,
                 evals.append(last)  # so each eval's loss is the mean over every eval so far
@@ -1000,6 +1010,7 @@ def fit(cfg: DictConfig, log=None, probe: bool = True, attach=None, tracker=None
             EVAL_LOADER_BATCH if bug.eval_drop_last else 0,
             t.batch if bug.eval_loss_divided_in_loop else 0,
             EVAL_LOADER_BATCH if bug.eval_loss_mean_of_batch_means else 0,
+            bug.eval_loss_mask_from_inputs,
         )
         if log:
             log("eval_loss", last, t.steps)
