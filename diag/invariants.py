@@ -78,6 +78,12 @@ interval), up to a last window's rounding; stepped from a second place too, the 
 interleave and some interval falls below half the longest (or to 0: two steps at once)."""
 SCHEDULER_PERIOD_READS = 3
 """Scheduler steps needed before their intervals are judged: two intervals to compare."""
+EVAL_TARGET_ROWS = 8
+"""Evaluation rows read before their targets are judged against training's."""
+EVAL_TARGET_SHARE = 0.5
+"""Share of the evaluation rows an id must be a counted target in, never one in the training
+loss's first steps, to be a target training does not have: an id of the task's text in half
+the held-out rows is all but certain to appear among a few training batches' targets."""
 SCHEDULER_LEAD = 1.5
 """Times its optimizer's steps an LR scheduler may take: one per step at most, so 1.5 leaves
 room for steps an fp16 loss scaler skipped; stepped per micro-batch it takes the accumulation
@@ -1440,6 +1446,27 @@ def scheduler_period_broken(advances: dict[str, list[int]]) -> list[Violation]:
             )
         )
     return found
+
+
+def eval_targets_untrained(unseen: tuple[int, int, int]) -> list[Violation]:
+    """The evaluation's loss counts an id as a target in EVAL_TARGET_SHARE of its rows or more
+    that the training loss never counted in its first steps: the held-out mask differs from
+    training's, e.g. taken from the inputs' padding mask instead of the shifted labels', so the
+    pad after each row's last token is scored (SkyworkAI/Skywork#55) and the reported loss is
+    not the loss on the held-out text. `unseen`: (that id, the evaluation rows counting it, the
+    rows read). Hook: the first evaluation forwards' cross-entropy calls
+    (runner/job/eval_targets.py) against the first training steps'."""
+    token, rows, read = unseen
+    if read < EVAL_TARGET_ROWS or rows < EVAL_TARGET_SHARE * read:
+        return []
+    return [
+        Violation(
+            "eval_targets_are_trained_targets",
+            f"id {token}",
+            f"the evaluation's loss counted it as a target in {rows} of {read} rows; the "
+            "training loss never did in its first steps",
+        )
+    ]
 
 
 def ended_early(taken: tuple[int, int]) -> list[Violation]:

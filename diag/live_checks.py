@@ -266,6 +266,10 @@ class LiveFacts:
     """At the run's end: (the optimizer steps it took, the steps it declared: Probe(total_steps=),
     a trainer's max_steps) (invariants.ended_early); None: still running, its length unknown,
     diverged, or stopped by hyprun."""
+    eval_only_target: tuple[int, int, int] | None = None
+    """(the id the first evaluation forwards' losses counted in the most rows that the first
+    training steps' never did, those rows, the evaluation rows read)
+    (invariants.eval_targets_untrained); None: no evaluation or training loss read."""
     scheduler_lead: tuple[int, int] | None = None
     """(the most steps one of the optimizer's LR schedulers took since the first backward, the
     optimizer's steps since) (invariants.scheduler_outpaces_optimizer); None: no scheduler."""
@@ -587,6 +591,11 @@ def invariant_checks(facts: LiveFacts, rules: dict) -> list[Check]:
             rules["scheduler_outpaces_optimizer"],
             facts.scheduler_lead,
             invariants.scheduler_outpaces_optimizer,
+        ),
+        _judged(
+            rules["eval_counts_untrained_targets"],
+            facts.eval_only_target,
+            invariants.eval_targets_untrained,
         ),
         _judged(
             rules["scheduler_stepped_off_period"],

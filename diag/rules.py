@@ -315,6 +315,7 @@ class Checks(Strict):
     padding_attended: Invariant
     scheduler_outpaces_optimizer: Invariant
     scheduler_stepped_off_period: Invariant
+    eval_counts_untrained_targets: Invariant
     run_ended_early: Invariant
     attention_rows_unnormalised: Invariant
     scheduler_stepped_before_optimizer: Invariant

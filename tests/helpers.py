@@ -46,9 +46,10 @@ def probe_checks(run_id: str) -> dict[str, dict]:
     return {check["id"]: check for check in read_l0_tags(tags)}
 
 
-def probed_checks(model, optimizer, loss_of, batches, heldout, **options) -> dict[str, dict]:
+def probed_run(model, optimizer, loss_of, batches, heldout, after_step=None, **options) -> str:
     """A plain loop over `batches` with the probe attached (a step scan every 2 steps on
-    `heldout`; `options`: more of Probe's arguments): the L0 checks it recorded, by id."""
+    `heldout`; `after_step(step)` run after each optimizer step; `options`: more of Probe's
+    arguments): the id of the run it recorded."""
     from hyprun.runner.job.probe import Probe
 
     probe = Probe(
@@ -60,14 +61,21 @@ def probed_checks(model, optimizer, loss_of, batches, heldout, **options) -> dic
         loss_fn=loss_of,
         **options,
     )
-    for batch in batches:
+    for step, batch in enumerate(batches):
         loss = loss_of(model, batch)
         loss.backward()
         probe.after_backward(loss)
         optimizer.step()
         optimizer.zero_grad()
+        if after_step is not None:
+            after_step(step)
     probe.close()
-    return probe_checks(probe.run_id)
+    return probe.run_id
+
+
+def probed_checks(model, optimizer, loss_of, batches, heldout, **options) -> dict[str, dict]:
+    """The L0 checks `probed_run` recorded, by id."""
+    return probe_checks(probed_run(model, optimizer, loss_of, batches, heldout, **options))
 
 
 def probed_check(model, loss_of, batch_of, check: str) -> dict:

@@ -23,8 +23,7 @@ from hyprun.diag.live_checks import LiveFacts
 from hyprun.diag.triage import triage
 from hyprun.runner.control.diagnose import read_evidence
 from hyprun.runner.job.dropout_calls import dropout_calls
-from hyprun.runner.job.probe import Probe
-from tests.helpers import finding_ids, probed_check
+from tests.helpers import finding_ids, probed_check, probed_run
 from tests.test_stream_dropout import VOCAB, WIDTH, batch, hugging_face_model, loss_of
 
 CHECK = "dropout_not_as_declared"
@@ -120,16 +119,8 @@ def declared_findings(uri: str, built: nn.Dropout, knobs: dict) -> list[str]:
     model = Net()
     model.drop = built
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    probe = Probe(model, optimizer, step_unit="steps", every_steps=2, heldout=batch(99))
-    probe.loss_fn = loss_of
-    for seed in range(4):
-        loss = loss_of(model, batch(seed))
-        loss.backward()
-        probe.after_backward(loss)
-        optimizer.step()
-        optimizer.zero_grad()
-    probe.close()
-    evidence, _ = read_evidence(uri, probe.run_id)
+    batches = [batch(seed) for seed in range(4)]
+    evidence, _ = read_evidence(uri, probed_run(model, optimizer, loss_of, batches, batch(99)))
     tags = {**evidence.tags, "hyprun.knobs": json.dumps(knobs)}
     config = {"net": {"dropout": 0.1}}
     return [f.id for f in triage(dataclasses.replace(evidence, config=config, tags=tags)).findings]

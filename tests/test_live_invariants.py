@@ -217,6 +217,7 @@ def _probe_on_rank(rank: int, init_file: str, uri: str, out: str) -> None:
             statuses.append(checks["replicas_disagree"])
     if rank == 0:
         torch.save(statuses, out)
+    torch.distributed.barrier()  # neither rank tears gloo down while the other still reads
     torch.distributed.destroy_process_group()
 
 

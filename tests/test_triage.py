@@ -1164,6 +1164,7 @@ NO_CARD_ROWS = {"noisy_labels", "noisy_labels_flat"} | {  # broken invariants: a
     "scheduler_stepped_before_optimizer",
     "scheduler_outpaces_optimizer",
     "scheduler_stepped_off_period",
+    "eval_counts_untrained_targets",
     "run_ended_early",
     "adam_eps_dominates",
     "adam_step_beyond_bound",

@@ -63,6 +63,7 @@ PROBE_CHECKS = (
     "scheduler_stepped_before_optimizer",
     "scheduler_outpaces_optimizer",
     "scheduler_stepped_off_period",
+    "eval_counts_untrained_targets",
     "run_ended_early",
     "adam_eps_dominates",
     "adam_step_beyond_bound",

@@ -23,6 +23,7 @@ from torch.overrides import TorchFunctionMode, _get_current_function_mode_stack
 from hyprun.diag.invariants import LABEL_MATCH, LABEL_OFFSETS, REWRITE_SHARE
 from hyprun.runner.job.attention_reads import AttentionReads
 from hyprun.runner.job.dropout_calls import DropoutCalls
+from hyprun.runner.job.eval_targets import EVAL_FORWARDS, EvalTargets
 
 MODE_MODULES = (nn.Dropout, nn.modules.batchnorm._BatchNorm)
 """Modules whose forward depends on train/eval mode."""
@@ -322,6 +323,10 @@ class InvariantHooks:
         """By id, the real tokens of the first steps whose target the loss masked out."""
         self.target_ids: set[int] = set()
         """The ids the first steps' losses counted as targets."""
+        self.trained_targets: set[int] = set()
+        """The ids the first steps' cross-entropy calls counted as targets, mask or none."""
+        self.eval_targets = EvalTargets(in_own_forward)
+        """The ids the first evaluation forwards' losses counted (runner/job/eval_targets.py)."""
         self.state_reads = 0
         """Optimizer steps whose step count or momentum buffer was read."""
         self._momentum: torch.Tensor | None = None
@@ -495,7 +500,10 @@ class InvariantHooks:
         if in_own_forward():
             return
         if torch.is_grad_enabled():  # before the forward: an embedding's max_norm renorms in it
+            self.eval_read_done()
             self.weights_in_use()
+        else:
+            self._read_eval(args, kwargs)
         if self._step < LOSS_READ_STEPS and torch.is_grad_enabled():
             self._inputs = read_ids(args, kwargs)
             self._mask = _attention_mask(kwargs, self._inputs)
@@ -530,6 +538,24 @@ class InvariantHooks:
         else:
             self.train_at_eval |= {n for n, m in self.modules if m.training}
 
+    def _read_eval(self, args, kwargs) -> None:
+        """An evaluation forward: read its loss's targets until training resumes."""
+        reads = self.eval_targets
+        if reads.forwards >= EVAL_FORWARDS:  # the last read forward's loss is done: a long
+            self.eval_read_done()  # evaluation runs its other batches without the mode
+            return
+        ids = read_ids(args, kwargs)
+        reads.forwards, reads.rows = reads.forwards + 1, None if ids is None else ids.shape[0]
+        if not any(mode is reads for mode in _get_current_function_mode_stack()):
+            reads.__enter__()
+
+    def eval_read_done(self) -> None:
+        """Training resumed (or the hooks are removed): stop reading the evaluation's loss (only
+        if no mode entered after ours is still active: modes nest)."""
+        stack = _get_current_function_mode_stack()
+        if stack and stack[-1] is self.eval_targets:
+            self.eval_targets.__exit__(None, None, None)
+
     def _read_padding_idx(self) -> None:
         """Count the attended positions whose id is the embedding's padding_idx: a real token
         there has an embedding that never trains (invariants.padding_idx_real)."""
@@ -560,6 +586,7 @@ class InvariantHooks:
         """A cross-entropy call of a training forward: its targets against the input ids, and
         a hook for the weight backward gives its tokens (a mean's weight is shared by them)."""
         ignore = int(kwargs.get("ignore_index", -100))
+        self.trained_targets |= set(target[target != ignore].unique().tolist())
         if self._inputs is not None:
             shares = label_offsets(self._inputs, target, ignore)
             if shares is not None:
@@ -717,6 +744,7 @@ class InvariantHooks:
 
     def remove(self) -> None:
         self.loss_read_done()
+        self.eval_read_done()
         for handle in self._handles + self._call_handles:
             handle.remove()
         self._handles, self._call_handles = [], []

@@ -1272,6 +1272,7 @@ def read_invariants(
     facts.train_at_eval = sorted(hooks.train_at_eval)
     facts.trainable_elements, facts.total_elements = hooks.trainable_elements, hooks.total_elements
     facts.lrs, facts.total_steps = list(hooks.lrs), total_steps
+    facts.eval_only_target = hooks.eval_targets.unseen(hooks.trained_targets)
     advances = hooks.scheduler_advances
     facts.scheduler_advances = {name: list(steps) for name, steps in advances.items()} or None
     facts.stream, facts.epoch_steps = list(hooks.stream), epoch_steps
