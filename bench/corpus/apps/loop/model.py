@@ -13,6 +13,23 @@ MASK_VALUE = -1e9
 """The large negative a binary-mask convention adds where the mask is 0 (cs249r_book PR 1785)."""
 
 
+class DropoutBackwardByP(torch.autograd.Function):
+    """Dropout whose forward keeps / (1 - p) and whose backward scales the kept gradients by p
+    where 1 / (1 - p) belongs (bug.attention_dropout_backward_by_p, NVIDIA/apex PR 816)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, p: float) -> torch.Tensor:
+        keep = (torch.rand_like(x) >= p).to(x.dtype)
+        ctx.save_for_backward(keep)
+        ctx.p = p
+        return x * keep / (1.0 - p)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        (keep,) = ctx.saved_tensors
+        return grad * keep * ctx.p, None
+
+
 class TinyLM(nn.Module):
     """Token and position embeddings, `n_layer` pre-norm encoder layers under a causal mask,
     a final LayerNorm and a linear head; forward returns logits [B, T, vocab].
@@ -150,6 +167,15 @@ class TinyLM(nn.Module):
     """On (bug.attention_out_proj_discarded): the attention computes its output projection and
     returns the merged heads instead (`return output` for `return linear_proj`), so the
     projection's result is thrown away and the heads reach the residual stream unprojected."""
+    value_from_key = False
+    """On (bug.value_uses_key_projection): the values are projected with the keys' weights,
+    value = self.k_proj(value) for self.v_proj(value), so the values are the keys themselves and
+    the value projection never trains (yflyzhang/AnnotatedTransformer#1)."""
+    dropout_backward_by_p = False
+    """On (bug.attention_dropout_backward_by_p): the attention weights' dropout is a hand-written
+    autograd function whose forward keeps / (1 - p) but whose backward scales the kept gradients
+    by p, so every gradient through the attention weights is p (1 - p) times what it should be
+    (NVIDIA/apex PR 816, the fast multihead attention's dropout)."""
 
     def __init__(
         self,
@@ -254,6 +280,8 @@ class TinyLM(nn.Module):
             self.ffn_norm_shared,
             self.attention_scaled_by_num_heads,
             self.out_proj_discarded,
+            self.value_from_key,
+            self.dropout_backward_by_p,
         )
         return any(flags)
 
@@ -290,6 +318,8 @@ class TinyLM(nn.Module):
             self.residual_dropout_discarded,
             self.attention_scaled_by_num_heads,
             self.out_proj_discarded,
+            self.value_from_key,
+            self.dropout_backward_by_p,
         )
         if not any(by_hand):
             return layer._sa_block(h, mask, None, is_causal=True)
@@ -301,6 +331,11 @@ class TinyLM(nn.Module):
             q, k, v = (  # heads (MarcoMeter/episodic-transformer-memory-ppo PR 22)
                 layer.shared_qkv[name](pieces).transpose(1, 2) for name in ("q", "k", "v")
             )
+        elif self.value_from_key:  # value = self.k_proj(value): the keys' weights project the
+            w_q, w_k, _ = attn.in_proj_weight.chunk(3)  # values as well
+            b_q, b_k, _ = attn.in_proj_bias.chunk(3)  # (yflyzhang/AnnotatedTransformer#1)
+            q, k, v = F.linear(h, w_q, b_q), F.linear(h, w_k, b_k), F.linear(h, w_k, b_k)
+            q, k, v = (z.reshape(b, t, heads, d // heads).transpose(1, 2) for z in (q, k, v))
         else:
             q, k, v = F.linear(h, attn.in_proj_weight, attn.in_proj_bias).chunk(3, dim=-1)
             q, k, v = (z.reshape(b, t, heads, d // heads).transpose(1, 2) for z in (q, k, v))
@@ -340,6 +375,9 @@ class TinyLM(nn.Module):
             allowed = torch.ones(t, t, device=h.device).tril()  # attention adds to its scores
             # (a bool one it fills with -inf): +0 on the future keys (timeseriesAI/tsai#171)
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=drop)
+        elif self.dropout_backward_by_p:  # the fast attention's dropout: forward / (1 - p),
+            scores = q @ k.transpose(-2, -1) / math.sqrt(d // heads) + mask  # backward x p
+            out = DropoutBackwardByP.apply(scores.softmax(dim=-1), drop) @ v  # (apex PR 816)
         elif self.attention_unscaled:  # scale=1.0: q.k not divided by sqrt(head_dim)
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=drop, scale=1.0)
         elif self.attention_scaled_by_num_heads:  # scale = 1 / sqrt(num_heads), where its own

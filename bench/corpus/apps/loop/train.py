@@ -99,6 +99,8 @@ def build(cfg: DictConfig) -> tuple:
     model.ffn_norm_shared = bug.ffn_norm_shared  # (allenai/OLMo#222, lucidrains/mmdit#4)
     model.attention_scaled_by_num_heads = bug.attention_scaled_by_num_heads  # (tt-metal PR 56789)
     model.out_proj_discarded = bug.attention_out_proj_discarded  # (ethen8181/machine-learning#13)
+    model.value_from_key = bug.value_uses_key_projection  # (yflyzhang/AnnotatedTransformer#1)
+    model.dropout_backward_by_p = bug.attention_dropout_backward_by_p  # (NVIDIA/apex PR 816)
     if bug.dropout_rate_not_passed:  # self.dropout = nn.Dropout(): the constructor's dropout
         for layer in model.encoder.layers:  # argument never passed on, so torch's default p=0.5
             layer.dropout = torch.nn.Dropout()  # replaces the configured rate in every layer's
@@ -388,9 +390,10 @@ def make_optimizer(cfg: DictConfig, model: torch.nn.Module) -> torch.optim.Optim
         bug.adam_bias_correction_in_place
         or bug.adam_bias_correction_inverted
         or bug.adam_second_moment_undampened
+        or bug.adam_eps_inside_sqrt
     ):
         return HandWrittenAdamW(params, o.lr, o.weight_decay, bug)  # (frgfm/holocron#1,
-        # kozistr/pytorch_optimizer PR 308, fastai/fastbook PR 342)
+        # kozistr/pytorch_optimizer PR 308, fastai/fastbook PR 342, pytorch_optimizer#397)
     if bug.adam_beta2_inverted:  # 0.999 given where 1 - beta2 was read (mila-iqia/blocks#1159)
         betas = (0.9, 1 - 0.999)
         return torch.optim.AdamW(params, lr=o.lr, weight_decay=o.weight_decay, betas=betas)
@@ -612,7 +615,10 @@ class HandWrittenAdamW(torch.optim.Optimizer):
     instead of 1 - beta ** t (kozistr/pytorch_optimizer PR 308).
     bug.adam_second_moment_undampened: the squared-gradient average is written
     v * beta2 + g ** 2, the new term without its 1 - beta2 weight (fastai/fastbook PR 342);
-    its bias corrections are the correct ones."""
+    its bias corrections are the correct ones. bug.adam_eps_inside_sqrt: the denominator is
+    written (v_hat + eps).sqrt() + eps, the eps added inside the square root as well, so the
+    denominator never falls below sqrt(eps) = 1e-4 where 1e-8 was meant
+    (kozistr/pytorch_optimizer#397)."""
 
     def __init__(self, params, lr: float, weight_decay: float, bug) -> None:
         super().__init__(
@@ -650,6 +656,10 @@ class HandWrittenAdamW(torch.optim.Optimizer):
             m_hat, v_hat = m / (1 - (1 - beta1**t)), v / (1 - (1 - beta2**t))
         else:
             m_hat, v_hat = m / (1 - beta1**t), v / (1 - beta2**t)
+        if self.bug.adam_eps_inside_sqrt:  # exp_avg_sq.add(eps).sqrt_().add_(eps): eps inside
+            denom = v_hat.add(group["eps"]).sqrt_().add_(group["eps"])  # the root too (#397)
+            p.addcdiv_(m_hat, denom, value=-group["lr"])
+            return
         p.addcdiv_(m_hat, v_hat.sqrt().add_(group["eps"]), value=-group["lr"])
 
 
