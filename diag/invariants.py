@@ -1419,6 +1419,13 @@ def scheduler_outpaces_optimizer(lead: tuple[int, int]) -> list[Violation]:
     ]
 
 
+def stepped_every_few(steps: Sequence[int]) -> bool:
+    """Whether a scheduler's steps (at these optimizer steps) have a period to judge: enough of
+    them, their median interval 2 optimizer steps or more (not a per-step scheduler)."""
+    intervals = [later - earlier for earlier, later in pairwise(steps)]
+    return len(steps) >= SCHEDULER_PERIOD_READS and sorted(intervals)[len(intervals) // 2] >= 2
+
+
 def scheduler_period_broken(advances: dict[str, list[int]]) -> list[Violation]:
     """An LR scheduler stepped every few optimizer steps (an epoch, an eval interval) whose
     intervals between steps differ by SCHEDULER_PERIOD_SPREAD times or more: it is stepped from
@@ -1427,13 +1434,11 @@ def scheduler_period_broken(advances: dict[str, list[int]]) -> list[Violation]:
     early. A scheduler stepped with every optimizer step is scheduler_outpaces_optimizer's (an
     fp16 step skipped leaves it an interval of 0 or 2); ReduceLROnPlateau stepped at each eval
     keeps one period. `advances`: per scheduler, the optimizer step at which each of its steps
-    was seen (a step repeated: two steps at once). Hook: each scheduler's last_epoch, read after
-    each optimizer step."""
+    was seen (a step repeated: two steps at once), those stepped_every_few. Hook: each
+    scheduler's last_epoch, read after each optimizer step."""
     found = []
     for name, steps in advances.items():
         intervals = [later - earlier for earlier, later in pairwise(steps)]
-        if len(steps) < SCHEDULER_PERIOD_READS or sorted(intervals)[len(intervals) // 2] < 2:
-            continue
         shortest, longest = min(intervals), max(intervals)
         if longest < SCHEDULER_PERIOD_SPREAD * shortest:
             continue

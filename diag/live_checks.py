@@ -599,7 +599,12 @@ def invariant_checks(facts: LiveFacts, rules: dict) -> list[Check]:
         ),
         _judged(
             rules["scheduler_stepped_off_period"],
-            facts.scheduler_advances,
+            {
+                name: steps
+                for name, steps in (facts.scheduler_advances or {}).items()
+                if invariants.stepped_every_few(steps)
+            }
+            or None,
             invariants.scheduler_period_broken,
         ),
         _judged(

@@ -164,9 +164,12 @@ def fired(overrides: list[str], seed: int) -> dict[str, list[str]]:
 LOOP_CONFIGS = (
     ["train.ema=0.99"],
     ["train.ema=0.999", "train.accum=4", "train.batch=4"],
+    ["sched.name=plateau"],
 )
 """Healthy shapes of the loop app no corpus twin has: an EMA of the weights kept beside
-training (the EMA checks' healthy population), alone and under 4-step accumulation."""
+training (the EMA checks' healthy population), alone and under 4-step accumulation; and
+ReduceLROnPlateau stepped at each evaluation (a scheduler stepped every few optimizer steps:
+the default's per-epoch StepLR steps once in the run, too few for its period to be read)."""
 
 HF_CONFIGS = (
     [],
