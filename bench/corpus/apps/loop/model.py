@@ -176,6 +176,21 @@ class TinyLM(nn.Module):
     autograd function whose forward keeps / (1 - p) but whose backward scales the kept gradients
     by p, so every gradient through the attention weights is p (1 - p) times what it should be
     (NVIDIA/apex PR 816, the fast multihead attention's dropout)."""
+    layers_not_chained = False
+    """On (bug.layers_not_chained): the encoder's loop feeds every layer the embeddings
+    (`sources = layer(query, ...)` / `x = self.enc_layers[i](embedding)`) instead of the previous
+    layer's output, so only the last layer's output reaches the head and every earlier layer's
+    output is overwritten, its weights never reached by a gradient."""
+    pos_emb_redrawn = False
+    """On (bug.pos_emb_recreated_each_forward): the position embedding is created in forward,
+    `nn.Parameter(torch.randn(...))` at every call, so each pass adds a fresh N(0, 1) draw
+    (nn.Embedding's init) in the learned table's place: the positions are noise that changes
+    every step, and the registered table is never used or trained."""
+    attention_scaled_after_softmax = False
+    """On (bug.attention_scaled_after_softmax): the 1 / sqrt(head_dim) scale multiplies the
+    softmax's output instead of its input, `att = F.softmax(energy, dim=-1) * self.scaling`, so the
+    scores enter the softmax unscaled and every row of attention weights sums to
+    1 / sqrt(head_dim) instead of 1."""
 
     def __init__(
         self,
@@ -201,7 +216,10 @@ class TinyLM(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         t = x.shape[1]
-        if self.pos_emb_detached:  # X + self.pos_embedding.data[:, :X.shape[1], :]: detached,
+        if self.pos_emb_redrawn:  # self.rel_h = nn.Parameter(torch.randn(...)) inside forward:
+            pos = torch.randn(t, self.pos_emb.embedding_dim, device=x.device)  # a fresh draw
+            h = self.tok_emb(x) + pos  # each call (leaderj1001/Stand-Alone-Self-Attention#2)
+        elif self.pos_emb_detached:  # X + self.pos_embedding.data[:, :X.shape[1], :]: detached,
             h = self.tok_emb(x) + self.pos_emb.weight.data[:t]  # so it never trains (d2l PR 2121)
         elif self.tok_emb_scaled_twice:  # lang_emb * math.sqrt(lang_emb_dim) over an embedding
             tokens = self.tok_emb(x) * self.tok_emb.embedding_dim**0.5  # that already scales
@@ -229,6 +247,10 @@ class TinyLM(nn.Module):
             rows = h.shape[0]  # dim 0 (the batch) read as the sequence, its mask sized by it
             mask = nn.Transformer.generate_square_subsequent_mask(rows, device=h.device)
             h = self.encoder(h.transpose(0, 1), mask=mask, is_causal=True).transpose(0, 1)
+        elif self.layers_not_chained:  # for layer in layers: out = layer(embedding): each layer
+            embedded = h  # reads the embeddings, only the last one's output is kept
+            for layer in self.encoder.layers:  # (simon-ging/coot-videotext#5, HawkesKT#4)
+                h = layer(embedded, src_mask=self.mask[:t, :t], is_causal=True)
         elif self.blocks is not None:  # self.layers = [...]: a list, never registered
             for layer in self.blocks:  # (pytorch/pytorch#59925, #715)
                 h = layer(h, src_mask=self.mask[:t, :t], is_causal=True)
@@ -282,6 +304,7 @@ class TinyLM(nn.Module):
             self.out_proj_discarded,
             self.value_from_key,
             self.dropout_backward_by_p,
+            self.attention_scaled_after_softmax,
         )
         return any(flags)
 
@@ -320,6 +343,7 @@ class TinyLM(nn.Module):
             self.out_proj_discarded,
             self.value_from_key,
             self.dropout_backward_by_p,
+            self.attention_scaled_after_softmax,
         )
         if not any(by_hand):
             return layer._sa_block(h, mask, None, is_causal=True)
@@ -378,6 +402,10 @@ class TinyLM(nn.Module):
         elif self.dropout_backward_by_p:  # the fast attention's dropout: forward / (1 - p),
             scores = q @ k.transpose(-2, -1) / math.sqrt(d // heads) + mask  # backward x p
             out = DropoutBackwardByP.apply(scores.softmax(dim=-1), drop) @ v  # (apex PR 816)
+        elif self.attention_scaled_after_softmax:  # att = F.softmax(energy, dim=-1) * scaling:
+            scores = q @ k.transpose(-2, -1) + mask  # the scale applied to the weights, not the
+            weights = scores.softmax(dim=-1) * (d // heads) ** -0.5  # scores
+            out = F.dropout(weights, drop) @ v  # (FrancescoSaverioZuppichini/ViT#2)
         elif self.attention_unscaled:  # scale=1.0: q.k not divided by sqrt(head_dim)
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=drop, scale=1.0)
         elif self.attention_scaled_by_num_heads:  # scale = 1 / sqrt(num_heads), where its own

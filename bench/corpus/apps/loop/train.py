@@ -101,6 +101,9 @@ def build(cfg: DictConfig) -> tuple:
     model.out_proj_discarded = bug.attention_out_proj_discarded  # (ethen8181/machine-learning#13)
     model.value_from_key = bug.value_uses_key_projection  # (yflyzhang/AnnotatedTransformer#1)
     model.dropout_backward_by_p = bug.attention_dropout_backward_by_p  # (NVIDIA/apex PR 816)
+    model.layers_not_chained = bug.layers_not_chained  # (simon-ging/coot-videotext#5)
+    model.pos_emb_redrawn = bug.pos_emb_recreated_each_forward  # (Stand-Alone-Self-Attention#2)
+    model.attention_scaled_after_softmax = bug.attention_scaled_after_softmax  # (ViT#2)
     if bug.dropout_rate_not_passed:  # self.dropout = nn.Dropout(): the constructor's dropout
         for layer in model.encoder.layers:  # argument never passed on, so torch's default p=0.5
             layer.dropout = torch.nn.Dropout()  # replaces the configured rate in every layer's
@@ -211,6 +214,9 @@ def make_schedule(cfg: DictConfig, optimizer):
     gamma = cfg.sched.gamma
     if cfg.bug.scheduler_off_gamma_zero:  # the scheduler turned off as StepLR(gamma=0), where a
         gamma = 0.0  # constant LR needs gamma=1 (LINCellularNeuroscience/VAME#26)
+    if cfg.bug.step_decay_exponent_negated:  # lr = cfg.lr * (cfg.gamma ** -(epoch // n_steps)):
+        gamma = 1.0 / gamma  # the exponent's sign flipped, so each stage multiplies the LR by
+        # 1 / gamma, a growth, where the decay by gamma was meant (SYSU-SAIL/PAM#4)
     return torch.optim.lr_scheduler.StepLR(optimizer, cfg.sched.every_epochs, gamma)
 
 
