@@ -89,6 +89,8 @@ def eval_loss(
     divided_in_loop: int = 0,
     mean_of_batches: int = 0,
     mask_from_inputs: bool = False,
+    backward: int = 0,
+    optimizer=None,
 ) -> float:
     """Mean next-token loss over the held-out set's real tokens (the correct loss), or
     (`over_padding`: bug.loss_mean_over_padding) the masked per-position losses averaged over
@@ -108,7 +110,29 @@ def eval_loss(
     count of real tokens (0: every token weighted alike); `mask_from_inputs`
     (bug.eval_loss_mask_from_inputs): the loss mask taken from the inputs' padding mask, not
     the shifted labels', so each row shorter than the maximum also counts the loss of
-    predicting the first padding token after its last real one."""
+    predicting the first padding token after its last real one. `backward`
+    (bug.eval_loss_backpropagated): the set read in batches of that many rows with gradients on,
+    each batch's mean loss backpropagated as the training loss is, with no optimizer step, so
+    its gradients stay in .grad (0: no backward); `optimizer` (with `backward`,
+    bug.optimizer_stepped_in_validation): the optimizer zeroed and stepped around each batch's
+    backward, as the training loop does, so the weights are updated on the held-out batches
+    (None: no update)."""
+    if backward:  # run_epoch(valid, model, SimpleLossCompute(..., opt=None)): loss.backward()
+        summed, tokens = 0.0, 0  # all the same (harvardnlp/annotated-transformer#14); or the
+        for start in range(0, len(data["x"]), backward):  # training step's lines in the
+            logits = model(data["x"][start : start + backward])  # validation loop,
+            flat = logits.reshape(-1, logits.shape[-1])  # optimizer.step() included
+            target = data["y"][start : start + backward].reshape(-1)  # (SKrisanski/FSCT#12)
+            total = F.cross_entropy(flat, target, ignore_index=IGNORE, reduction="sum")
+            count = int((target != IGNORE).sum())
+            if optimizer is not None:
+                optimizer.zero_grad()
+            (total / count).backward()
+            if optimizer is not None:
+                optimizer.step()
+            summed += float(total.detach())
+            tokens += count
+        return summed / tokens
     if mask_from_inputs:  # loss over attention_mask[:, :-1] with right padding: the last real
         target = torch.where(data["x"] != PAD, data["y"], IGNORE)  # input's label, a pad, is
         target = torch.where((target == IGNORE) & (data["x"] != PAD), PAD, target)  # counted

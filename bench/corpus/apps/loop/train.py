@@ -365,7 +365,11 @@ def cosine_schedule(cfg: DictConfig, optimizer) -> torch.optim.lr_scheduler.Lamb
 
 def make_optimizer(cfg: DictConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
     o, bug = cfg.optim, cfg.bug
-    params = model.parameters() if o.layer_decay == 1 else layer_groups(model, o.layer_decay)
+    params = (
+        model.parameters()
+        if o.layer_decay == 1
+        else layer_groups(model, o.layer_decay, bug.layer_decay_name_unmatched)
+    )
     if o.no_decay:  # biases and norms out of weight decay, matched by name (BERT's no_decay)
         names = NO_DECAY_BERT if bug.no_decay_names_mismatch else NO_DECAY  # (transformers#16908,
         params = decay_groups(model, o.weight_decay, names)  # DeepSpeedExamples PR 755)
@@ -419,14 +423,19 @@ def decay_groups(model: torch.nn.Module, weight_decay: float, no_decay: tuple) -
     ]
 
 
-def layer_groups(model: torch.nn.Module, decay: float) -> list[dict]:
+def layer_groups(model: torch.nn.Module, decay: float, unmatched: bool = False) -> list[dict]:
     """One parameter group per depth (embeddings 0, encoder layer i at i + 1, the final norm
-    and head on top), each with its layer-wise LR scale `lr_scale` = decay ** (depth below top)."""
+    and head on top), each with its layer-wise LR scale `lr_scale` = decay ** (depth below top).
+    `unmatched` (bug.layer_decay_name_unmatched): the depth map names the token embedding only,
+    so the position table, matched by no entry, falls back to the top depth (allenai/rslearn PR
+    648: the channel embeddings given the decoder's LR instead of the patch embeddings')."""
     top = len(model.encoder.layers) + 1
     groups: dict[int, list] = {}
     for name, parameter in model.named_parameters():
         if name.startswith("encoder.layers."):
             depth = int(name.split(".")[2]) + 1
+        elif unmatched:
+            depth = 0 if "tok_emb" in name else top
         else:
             depth = 0 if "emb" in name else top
         groups.setdefault(depth, []).append(parameter)
@@ -542,7 +551,11 @@ def step_loss(
             # rutgerswiselab/NCR#2)
         if scaler is not None:
             scaled = scaler.scale(scaled)
-        scaled.backward(retain_graph=False)
+        if bug.backward_seeded_with_loss:  # loss.backward(loss): the loss handed to backward as
+            scaled.backward(scaled.detach())  # its gradient, so every gradient is scaled by the
+            # loss's own value (sotte/pytorch_tutorial#5)
+        else:
+            scaled.backward(retain_graph=False)
     return float(sum(total.detach() for total, _ in losses)) / step_tokens
 
 
@@ -831,7 +844,8 @@ def fit(cfg: DictConfig, log=None, probe: bool = True, attach=None, tracker=None
         if bug.optimizer_reset_each_epoch and step > 1 and (step - 1) % steps_per_epoch == 0:
             optimizer.state.clear()  # a fresh Adam each epoch: moments and step count start over
         per_epoch = bug.zero_grad_per_epoch and (step - 1) % steps_per_epoch != 0
-        if not bug.zero_grad_missing and not per_epoch:
+        after_step = bug.eval_loss_backpropagated and step > 1  # zeroed after the step instead
+        if not bug.zero_grad_missing and not per_epoch and not after_step:
             optimizer.zero_grad()
         try:
             first_alone = bug.accum_step_on_first_micro_batch and step == 1
@@ -919,6 +933,10 @@ def fit(cfg: DictConfig, log=None, probe: bool = True, attach=None, tracker=None
                 group["lr"] = rate
         else:
             optimizer.step()
+        if bug.eval_loss_backpropagated:  # loss.backward(); if self.opt is not None:
+            optimizer.zero_grad()  # self.opt.step(); self.opt.optimizer.zero_grad(): zeroed
+            # after the step, so what reaches .grad before the next step's backward stays
+            # (harvardnlp/annotated-transformer#14)
         if ema is not None:
             ema.update(model)
         if cfg.optim.clip and bug.clip_after_step:  # clips gradients already applied
@@ -970,6 +988,10 @@ def fit(cfg: DictConfig, log=None, probe: bool = True, attach=None, tracker=None
                 t.batch if bug.eval_loss_divided_in_loop else 0,  # (reformer-pytorch#147)
                 EVAL_LOADER_BATCH if bug.eval_loss_mean_of_batch_means else 0,  # (transformers
                 bug.eval_loss_mask_from_inputs,  # attention_mask[:, :-1] (Skywork#55)
+                t.batch
+                if bug.eval_loss_backpropagated or bug.optimizer_stepped_in_validation
+                else 0,
+                optimizer if bug.optimizer_stepped_in_validation else None,  # (FSCT#12)
             )  # PR 34387)
             if bug.eval_loss_accumulated:  # validation_step_outputs appended to and never cleared,
                 evals.append(last)  # so each eval's loss is the mean over every eval so far
